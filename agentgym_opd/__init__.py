@@ -1,0 +1,43 @@
+"""agentgym-opd: multi-turn text environments and on-policy distillation algorithms, run the same way."""
+
+from agentgym_opd.core import EnvMisuseError, StepOutcome, TextEnv, UnknownTaskError, fit_to_charset
+from agentgym_opd.registry import (
+    UnknownIdError,
+    algorithm_registry,
+    env_registry,
+    list_algorithms,
+    list_envs,
+    make,
+    make_algorithm,
+    register,
+    register_algorithm,
+)
+from agentgym_opd.types import ERROR_KINDS, Episode, ErrorKind, StepError, Task, Turn
+from agentgym_opd.vector import StepResult, VectorTextEnv
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ERROR_KINDS",
+    "EnvMisuseError",
+    "Episode",
+    "ErrorKind",
+    "StepError",
+    "StepOutcome",
+    "StepResult",
+    "Task",
+    "TextEnv",
+    "Turn",
+    "UnknownIdError",
+    "UnknownTaskError",
+    "VectorTextEnv",
+    "algorithm_registry",
+    "env_registry",
+    "fit_to_charset",
+    "list_algorithms",
+    "list_envs",
+    "make",
+    "make_algorithm",
+    "register",
+    "register_algorithm",
+]

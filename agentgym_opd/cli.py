@@ -1,0 +1,140 @@
+"""The `agentgym-opd` command line.
+
+Subcommands: `envs` (list environments), `algos` (list algorithms), `play ENV_ID` (a person plays an env
+in the terminal). `train`, `eval`, `bench` and `leaderboard` are attached by the modules that implement
+them (see `SUBCOMMAND_MODULES`): each module has `add_arguments(parser)` and `run(args) -> int`, so the
+CLI stays a table of contents rather than a place where logic accumulates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import textwrap
+from typing import Sequence
+
+# subcommand -> (module, one-line help). A module that is not there yet leaves its command out of the help.
+SUBCOMMAND_MODULES = {
+    "train": ("agentgym_opd.commands.train", "train a student with a registered algorithm"),
+    "eval": ("agentgym_opd.commands.eval", "evaluate a policy on a registered env split"),
+    "bench": ("agentgym_opd.commands.bench", "the main job: every algorithm on the embedded default"),
+    "leaderboard": ("agentgym_opd.commands.leaderboard", "add result records and build the leaderboard"),
+}
+
+
+def _cmd_envs(args: argparse.Namespace) -> int:
+    from agentgym_opd.registry import env_registry
+
+    specs = env_registry.list()
+    if args.json:
+        print(json.dumps([{"id": s.id, "description": s.description} for s in specs], indent=2))
+        return 0
+    width = max((len(s.id) for s in specs), default=10)
+    for s in specs:
+        print(f"{s.id:<{width}}  {s.description}")
+    for name, err in env_registry.plugin_errors.items():
+        print(f"(plugin {name!r} failed to load: {err})", file=sys.stderr)
+    return 0
+
+
+def _cmd_algos(args: argparse.Namespace) -> int:
+    from agentgym_opd.registry import algorithm_registry
+
+    specs = algorithm_registry.list()
+    if not specs:
+        print("no algorithms registered yet")
+    width = max((len(s.id) for s in specs), default=10)
+    for s in specs:
+        print(f"{s.id:<{width}}  {s.description}")
+    return 0
+
+
+def _cmd_play(args: argparse.Namespace) -> int:
+    """Play an env by hand: type an action, or a number to pick an admissible action; 'quit' ends."""
+    from agentgym_opd.registry import make
+
+    env = make(args.env_id, **dict(_parse_override(o) for o in args.set))
+    options = {"task_id": args.task_id} if args.task_id else None
+    obs, info = env.reset(seed=args.seed, options=options)
+    task = info["task"]
+    print(f"== {args.env_id}  task {task.id} ==")
+    print(obs)
+    total = 0.0
+    while True:
+        admissible = info.get("admissible_actions")
+        if admissible:
+            print("\nadmissible actions:")
+            for i, a in enumerate(admissible):
+                print(f"  [{i}] {a}")
+        try:
+            line = input("\n> ")
+        except EOFError:
+            print()
+            return 0
+        if line.strip() in {"quit", "exit"}:
+            return 0
+        if admissible and line.strip().isdigit() and int(line) < len(admissible):
+            line = admissible[int(line)]
+            print(f"> {line}")
+        obs, reward, terminated, truncated, info = env.step(line)
+        total += reward
+        print(obs)
+        if info["error"] is not None:
+            print(f"  (error: {info['error']})")
+        if terminated or truncated:
+            print(f"\n== episode over after {info['turn']} turns: success={info['success']} score={info['score']} return={total}")
+            if info["feedback"]:
+                print(textwrap.fill(f"feedback: {info['feedback']}", 100))
+            return 0
+
+
+def _parse_override(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise SystemExit(f"--set expects KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentgym-opd", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("envs", help="list registered environments")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_cmd_envs)
+
+    p = sub.add_parser("algos", help="list registered algorithms")
+    p.set_defaults(func=_cmd_algos)
+
+    p = sub.add_parser("play", help="play an environment in the terminal")
+    p.add_argument("env_id")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--task-id", default=None)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="constructor override")
+    p.set_defaults(func=_cmd_play)
+
+    for name, (module_name, help_text) in SUBCOMMAND_MODULES.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue  # not built yet
+            raise
+        p = sub.add_parser(name, help=help_text)
+        module.add_arguments(p)
+        p.set_defaults(func=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""`TextEnv`: the one environment contract every benchmark family implements.
+
+A `TextEnv` is a `gymnasium.Env` whose observations and actions are text. One `step` is one agent turn,
+so the step boundary *is* the turn boundary that turn-level methods (SAGE-OPD) segment on. The base
+class owns everything that must be identical across benchmarks, so that a subclass only writes its
+world logic:
+
+* the `info` keys (`turn`, `error`, `feedback`, `success`, `score`, `admissible_actions`, and `task` at
+  reset), present on every step;
+* the generic checks of agent output (empty, over-long, not text) that become `parse_error`s instead of
+  exceptions, so bad model output never crashes a rollout;
+* the turn limit (`truncated`), the episode-end feedback, and the misuse errors for the caller (step
+  before reset or after the episode ended, an unknown task id), which *do* raise.
+
+Subclasses implement `task_ids`, `get_task`, `_start`, `_act` and, where they know them,
+`admissible_actions`, `progress` and `episode_feedback`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import string
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+from gymnasium import spaces
+
+from agentgym_opd.types import StepError, Task
+
+# Printable ASCII, whitespace, Latin-1/Latin Extended letters and common typographic punctuation: wide
+# enough for benchmark text (names with accents, curly quotes), narrow enough to be a real `spaces.Text`.
+TEXT_CHARSET = (
+    string.printable
+    + "".join(chr(c) for c in range(0x00A0, 0x0250))
+    + "".join(chr(c) for c in range(0x2010, 0x2028))
+)
+MAX_TEXT_CHARS = 65536
+_OUTSIDE_CHARSET = re.compile("[^\t\n\x0b\x0c\r\x20-\x7e\u00a0-\u024f\u2010-\u2027]")
+_NOT_TEXT = re.compile("[\x00-\x08\x0e-\x1f\x7f\ud800-\udfff]")
+
+
+class EnvMisuseError(RuntimeError):
+    """The caller used the env out of order (step before reset, step after the episode ended)."""
+
+
+class UnknownTaskError(KeyError):
+    """A task id that the split does not have; the message lists the closest ids."""
+
+    def __init__(self, task_id: str, known: list[str]):
+        close = difflib.get_close_matches(str(task_id), known, n=5, cutoff=0.5)
+        hint = f" Close matches: {', '.join(close)}." if close else ""
+        super().__init__(
+            f"unknown task id {task_id!r} ({len(known)} tasks in this split; env.task_ids() lists them).{hint}"
+        )
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+def fit_to_charset(text: str, max_chars: int = MAX_TEXT_CHARS) -> str:
+    """Make `text` a member of the observation space: unknown characters become '?', length is capped."""
+    if _OUTSIDE_CHARSET.search(text):
+        text = _OUTSIDE_CHARSET.sub("?", text)
+    if len(text) > max_chars:
+        marker = "\n[... truncated]"
+        text = text[: max_chars - len(marker)] + marker
+    return text
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What a subclass's `_act` returns for one turn; the base class turns it into gymnasium's 5-tuple."""
+
+    observation: str
+    reward: float = 0.0
+    terminated: bool = False
+    error: StepError | None = None
+    feedback: str = ""
+
+
+class TextEnv(gym.Env[str, str]):
+    """Base class of all agentgym-opd environments (see the module docstring for the contract)."""
+
+    metadata = {"render_modes": ["ansi", "human"]}
+    description = "a text environment"
+
+    def __init__(
+        self,
+        split: str = "train",
+        *,
+        max_turns: int = 30,
+        max_action_chars: int = 4096,
+        env_id: str | None = None,
+        render_mode: str | None = None,
+    ):
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.split = split
+        self.max_turns = max_turns
+        self.max_action_chars = max_action_chars
+        self.env_id = env_id or f"{type(self).__name__}/{split}"
+        self.render_mode = render_mode
+        self.observation_space = spaces.Text(max_length=MAX_TEXT_CHARS, min_length=0, charset=TEXT_CHARSET)
+        self.action_space = spaces.Text(max_length=max_action_chars, min_length=1, charset=TEXT_CHARSET)
+        self.task: Task | None = None
+        self.turn = 0
+        self.done = False
+        self.last_observation = ""
+        self.error_log: list[StepError] = []
+
+    # ----------------------------------------------------------------- subclass hooks
+    def task_ids(self) -> list[str]:
+        """The split's task ids in a stable order (evaluation iterates over it)."""
+        raise NotImplementedError
+
+    def get_task(self, task_id: str) -> Task:
+        """The `Task` with this id; raise `UnknownTaskError` for an id the split lacks."""
+        raise NotImplementedError
+
+    def _start(self, task: Task) -> str:
+        """Set up the world for `task` and return the first observation."""
+        raise NotImplementedError
+
+    def _act(self, action: str) -> StepOutcome:
+        """Apply one agent action (already checked to be non-empty text of bounded length)."""
+        raise NotImplementedError
+
+    def admissible_actions(self) -> list[str] | None:
+        """The actions valid in the current state, or None where the env cannot enumerate them."""
+        return None
+
+    def progress(self) -> tuple[bool, float]:
+        """(success, score) of the episode so far; score in the benchmark's own units."""
+        return False, 0.0
+
+    def episode_feedback(self) -> str:
+        """Textual diagnostics shown when the episode ends (what went wrong), for feedback-driven methods."""
+        success, _ = self.progress()
+        if success:
+            return f"Task completed in {self.turn} turns."
+        lines = ["Task not completed" + (" within the turn limit." if self.turn >= self.max_turns else ".")]
+        if self.error_log:
+            lines.append(f"{len(self.error_log)} of {self.turn} actions failed; the last error: {self.error_log[-1]}")
+        return " ".join(lines)
+
+    # ----------------------------------------------------------------- gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        if "task_id" in options:
+            task = self.get_task(options["task_id"])
+        else:
+            ids = self.task_ids()
+            if not ids:
+                raise RuntimeError(f"{self.env_id}: the split {self.split!r} has no tasks")
+            task = self.get_task(ids[int(self.np_random.integers(len(ids)))])
+        self.task = task
+        self.turn = 0
+        self.done = False
+        self.error_log = []
+        obs = fit_to_charset(self._start(task))
+        self.last_observation = obs
+        success, score = self.progress()
+        info = {
+            "task": task,
+            "turn": 0,
+            "error": None,
+            "feedback": "",
+            "success": success,
+            "score": score,
+            "admissible_actions": self.admissible_actions(),
+        }
+        return obs, info
+
+    def step(self, action: str):
+        if self.task is None:
+            raise EnvMisuseError(f"{self.env_id}: call reset() before step()")
+        if self.done:
+            raise EnvMisuseError(f"{self.env_id}: the episode is over (turn {self.turn}); call reset() to start a new one")
+        if not isinstance(action, str):
+            raise TypeError(f"{self.env_id}: an action is a str, got {type(action).__name__}")
+        self.turn += 1
+        error = self._check_text(action)
+        outcome = StepOutcome(self._error_observation(error), error=error) if error else self._act(action.strip())
+        if outcome.error is not None:
+            self.error_log.append(outcome.error)
+        truncated = not outcome.terminated and self.turn >= self.max_turns
+        self.done = outcome.terminated or truncated
+        success, score = self.progress()
+        feedback = outcome.feedback
+        if self.done and not feedback:
+            feedback = self.episode_feedback()
+        obs = fit_to_charset(outcome.observation)
+        self.last_observation = obs
+        info = {
+            "turn": self.turn,
+            "error": outcome.error,
+            "feedback": feedback,
+            "success": success,
+            "score": score,
+            "admissible_actions": None if self.done else self.admissible_actions(),
+        }
+        if self.render_mode == "human":
+            print(obs)
+        return obs, float(outcome.reward), bool(outcome.terminated), truncated, info
+
+    def render(self):
+        if self.render_mode == "ansi":
+            return self.last_observation
+        if self.render_mode == "human":
+            print(self.last_observation)
+        return None
+
+    # ----------------------------------------------------------------- helpers
+    def _check_text(self, action: str) -> StepError | None:
+        """Generic checks of agent output that hold for every benchmark."""
+        if len(action) > self.max_action_chars:
+            return StepError(
+                "parse_error",
+                f"The action is {len(action)} characters long; the limit is {self.max_action_chars}. "
+                "Answer with a single short action.",
+            )
+        if not action.strip():
+            return StepError("parse_error", "The action is empty. Answer with exactly one action.")
+        if _NOT_TEXT.search(action):
+            return StepError(
+                "parse_error",
+                "The action contains control characters or invalid Unicode (not UTF-8 text). Answer in plain text.",
+            )
+        return None
+
+    def _error_observation(self, error: StepError) -> str:
+        """Observation for an action the base class rejected; subclasses may add state (e.g. the admissible list)."""
+        return error.message

@@ -1,0 +1,180 @@
+"""Registries of environments and algorithms, filled through entry points.
+
+`register(id, entry_point="module:Class", **defaults)` records a spec; `make(id, **overrides)` imports
+the entry point and calls it with the defaults updated by the overrides. The built-in environments and
+algorithms are found exactly like a third-party plugin: each distribution lists, under the entry-point
+groups `agentgym_opd.environments` and `agentgym_opd.algorithms`, one of: a `module:function` that calls
+`register` (a family registering several ids), a `module:Class` (registered under the entry's name), or a
+bare module that registers on import. The core never imports a plugin by name.
+
+Environment specs are also registered in gymnasium's own registry, so `gymnasium.make("household/
+valid_unseen")` works too (with gymnasium's checker and order wrappers). `agentgym_opd.make` returns the
+bare env: `TextEnv` already enforces reset-before-step and its own turn limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Callable
+
+import gymnasium
+
+logger = logging.getLogger(__name__)
+
+ENV_GROUP = "agentgym_opd.environments"
+ALGO_GROUP = "agentgym_opd.algorithms"
+
+
+class UnknownIdError(KeyError):
+    """An id no registered spec has; the message lists the close matches and how to list all ids."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Spec:
+    id: str
+    entry_point: str | Callable[..., Any]
+    defaults: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+
+def load_entry_point(entry_point: str | Callable[..., Any]) -> Callable[..., Any]:
+    """Resolve "package.module:Attr" (or a callable) to the callable it names."""
+    if callable(entry_point):
+        return entry_point
+    module_name, _, attr = entry_point.partition(":")
+    if not attr:
+        raise ValueError(f"entry point {entry_point!r} must look like 'package.module:Name'")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attr)
+    except AttributeError as exc:
+        raise ImportError(f"entry point {entry_point!r}: module {module_name!r} has no attribute {attr!r}") from exc
+
+
+class Registry:
+    """A name -> spec table for one kind of thing, discovered lazily from one entry-point group."""
+
+    def __init__(self, kind: str, group: str):
+        self.kind = kind
+        self.group = group
+        self._specs: dict[str, Spec] = {}
+        self._discovered = False
+        self._lock = threading.RLock()
+        self.plugin_errors: dict[str, str] = {}
+
+    def register(
+        self,
+        id: str,
+        entry_point: str | Callable[..., Any],
+        *,
+        description: str = "",
+        override: bool = False,
+        **defaults: Any,
+    ) -> Spec:
+        if not isinstance(id, str) or not id:
+            raise ValueError(f"a {self.kind} id is a non-empty string, got {id!r}")
+        with self._lock:
+            old = self._specs.get(id)
+            if old is not None and not override and old.entry_point != entry_point:
+                raise ValueError(
+                    f"{self.kind} id {id!r} is already registered to {old.entry_point!r}; "
+                    "pick another id or pass override=True"
+                )
+            spec = Spec(id, entry_point, dict(defaults), description)
+            self._specs[id] = spec
+        self._on_register(spec)
+        return spec
+
+    def _on_register(self, spec: Spec) -> None:
+        """Hook for subclasses (the env registry mirrors specs into gymnasium)."""
+
+    def discover(self) -> None:
+        """Load every entry point of the group once. A broken plugin is logged, not fatal for the others."""
+        with self._lock:
+            if self._discovered:
+                return
+            self._discovered = True
+            for ep in metadata.entry_points(group=self.group):
+                try:
+                    loaded = ep.load()
+                    if isinstance(loaded, type):  # `name = "pkg.mod:Class"`: register the class under the entry's name
+                        if ep.name not in self._specs:
+                            self.register(ep.name, loaded, description=(loaded.__doc__ or "").strip().split("\n")[0])
+                    elif callable(loaded):  # `name = "pkg.mod:register_envs"`: a function that registers ids
+                        loaded()
+                    # a bare module registers its ids on import
+                except Exception as exc:  # a third-party plugin must not take the registry down
+                    self.plugin_errors[ep.name] = f"{type(exc).__name__}: {exc}"
+                    logger.warning("agentgym-opd: %s plugin %r (%s) failed to load: %s", self.kind, ep.name, ep.value, exc)
+
+    def spec(self, id: str) -> Spec:
+        self.discover()
+        try:
+            return self._specs[id]
+        except KeyError:
+            pass
+        known = sorted(self._specs)
+        close = difflib.get_close_matches(id, known, n=5, cutoff=0.4)
+        close += [k for k in known if id and (id in k or k.split("/")[0] == id) and k not in close][: 5 - len(close)]
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        broken = f" Plugins that failed to load: {self.plugin_errors}." if self.plugin_errors else ""
+        raise UnknownIdError(
+            f"unknown {self.kind} id {id!r}.{hint} `agentgym-opd {self.kind}s` lists all {len(known)} registered ids.{broken}"
+        )
+
+    def list(self) -> list[Spec]:
+        self.discover()
+        return [self._specs[k] for k in sorted(self._specs)]
+
+    def ids(self) -> list[str]:
+        return [s.id for s in self.list()]
+
+    def make(self, id: str, **overrides: Any) -> Any:
+        spec = self.spec(id)
+        factory = load_entry_point(spec.entry_point)
+        kwargs = {**spec.defaults, **overrides}
+        return factory(**kwargs)
+
+    def __contains__(self, id: str) -> bool:
+        self.discover()
+        return id in self._specs
+
+
+class EnvRegistry(Registry):
+    def _on_register(self, spec: Spec) -> None:
+        # Mirror into gymnasium's registry so its tooling (gymnasium.make, pprint_registry) sees our envs.
+        if spec.id in gymnasium.registry:
+            del gymnasium.registry[spec.id]  # re-registration (override=True) replaces, without gymnasium's warning
+        gymnasium.register(id=spec.id, entry_point=spec.entry_point, kwargs={"env_id": spec.id, **spec.defaults})
+
+    def make(self, id: str, **overrides: Any) -> Any:
+        env = super().make(id, **{"env_id": id, **overrides})
+        gym_spec = gymnasium.spec(id)
+        env.spec = dataclasses.replace(gym_spec, kwargs={**gym_spec.kwargs, **overrides})
+        return env
+
+
+env_registry = EnvRegistry("env", ENV_GROUP)
+algorithm_registry = Registry("algorithm", ALGO_GROUP)
+
+register = env_registry.register
+make = env_registry.make
+register_algorithm = algorithm_registry.register
+make_algorithm = algorithm_registry.make
+
+
+def list_envs() -> list[Spec]:
+    return env_registry.list()
+
+
+def list_algorithms() -> list[Spec]:
+    return algorithm_registry.list()

@@ -1,0 +1,84 @@
+"""Step many `TextEnv`s at once, in process.
+
+Why not `gymnasium.vector.SyncVectorEnv`: it merges per-env `info` dicts into arrays with `_key` masks and
+auto-resets finished envs, while a multi-turn rollout needs each env's own `Task`, `StepError` and end of
+episode untouched, and envs that finish at different turns to simply drop out of the batch. So this
+stepper keeps per-env results as lists and steps only the envs it is given actions for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from agentgym_opd.core import TextEnv
+
+
+@dataclass(slots=True)
+class StepResult:
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+
+class VectorTextEnv:
+    """N independent envs; `reset` and `step` take and return one entry per env (None = leave it alone)."""
+
+    def __init__(self, envs: Sequence[TextEnv] | None = None, *, env_fns: Sequence[Callable[[], TextEnv]] | None = None):
+        if (envs is None) == (env_fns is None):
+            raise ValueError("pass either envs=[...] or env_fns=[...]")
+        self.envs: list[TextEnv] = list(envs) if envs is not None else [fn() for fn in env_fns]  # type: ignore[union-attr]
+        if not self.envs:
+            raise ValueError("VectorTextEnv needs at least one env")
+        self.active = [False] * len(self.envs)
+
+    @classmethod
+    def make(cls, env_id: str, num_envs: int, **overrides: Any) -> "VectorTextEnv":
+        from agentgym_opd.registry import make
+
+        return cls([make(env_id, **overrides) for _ in range(num_envs)])
+
+    @property
+    def num_envs(self) -> int:
+        return len(self.envs)
+
+    def reset(
+        self,
+        seeds: Sequence[int | None] | None = None,
+        options: Sequence[dict[str, Any] | None] | None = None,
+    ) -> list[tuple[str, dict[str, Any]]]:
+        n = self.num_envs
+        seeds = list(seeds) if seeds is not None else [None] * n
+        options = list(options) if options is not None else [None] * n
+        if len(seeds) != n or len(options) != n:
+            raise ValueError(f"reset needs {n} seeds and {n} options, got {len(seeds)} and {len(options)}")
+        out = [env.reset(seed=s, options=o) for env, s, o in zip(self.envs, seeds, options)]
+        self.active = [True] * n
+        return out
+
+    def step(self, actions: Sequence[str | None]) -> list[StepResult | None]:
+        """Step env i with actions[i]; None skips it (finished envs must be given None)."""
+        if len(actions) != self.num_envs:
+            raise ValueError(f"step needs {self.num_envs} actions (None to skip an env), got {len(actions)}")
+        results: list[StepResult | None] = []
+        for i, (env, action) in enumerate(zip(self.envs, actions)):
+            if action is None:
+                results.append(None)
+                continue
+            if not self.active[i]:
+                raise RuntimeError(f"env {i} is not running (finished or never reset); pass None for it")
+            res = StepResult(*env.step(action))
+            if res.done:
+                self.active[i] = False
+            results.append(res)
+        return results
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

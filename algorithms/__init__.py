@@ -1,0 +1,1 @@
+"""algorithms package of agentgym-opd."""

@@ -1,0 +1,1 @@
+"""environments package of agentgym-opd."""

@@ -1,0 +1,1 @@
+"""experience_bank package of agentgym-opd."""
