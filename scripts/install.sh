@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Set up agentgym-opd on a fresh machine (CPU). Idempotent: a second run installs nothing new.
+#   bash scripts/install.sh            # everything the test-suite uses
+#   EXTRAS=dev bash scripts/install.sh # a lighter install: core + test tools only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+EXTRAS=${EXTRAS:-dev}
+
+# 1. torch first and on its own: 2.13.0 is a local CPU build on the build machines; asked for later by another
+#    package as a range, pip would fetch a multi-GB CUDA build instead.
+if ! $PY -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
+  $PY -m pip install --quiet "torch==2.13.0"
+fi
+
+# 2. the project with its extras
+$PY -m pip install --quiet -e ".[${EXTRAS}]"
+
+$PY -c "import torch; print('torch', torch.__version__)"
