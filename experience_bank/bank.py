@@ -1,0 +1,122 @@
+"""`ExperienceBank`: add successful episodes, retrieve the top-J most similar for a new task.
+
+The bank is a folder with `bank.sqlite` (the truth: rows and their embeddings) and `index.faiss` (a cache).
+Adds commit to SQLite first, then update the in-memory index; the index file is saved on `flush()` /
+`close()`. A bank opened after a crash rebuilds the index from the stored embeddings if the saved index
+does not match the store, so nothing committed is ever missing from retrieval.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from agentgym_opd.embedding import Embedder, SentenceEmbedder
+from agentgym_opd.types import Episode, Task
+from experience_bank.index import VectorIndex
+from experience_bank.records import Experience, trace_from_episode
+from experience_bank.store import ExperienceStore, StoreError
+
+
+class ExperienceBank:
+    def __init__(self, path: str | Path, embedder: Embedder | None = None):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.embedder = embedder if embedder is not None else SentenceEmbedder()
+        self.store = ExperienceStore(self.path / "bank.sqlite", embedder_name=self.embedder.name, dim=self.embedder.dim)
+        self.index_path = self.path / "index.faiss"
+        index = VectorIndex.load(self.index_path, self.embedder.dim)
+        self.rebuilt_on_open = index is None or not np.array_equal(index.ids(), self.store.ids())
+        if self.rebuilt_on_open:
+            self.rebuild_index()
+        else:
+            self.index = index
+
+    # ------------------------------------------------------------------ writing
+    def add(self, item: Episode | Experience) -> int:
+        return self.add_many([item])[0]
+
+    def add_many(self, items: Iterable[Episode | Experience]) -> list[int]:
+        """Add in one transaction (all or nothing); duplicates are not stored again and return the existing id."""
+        experiences = [self._as_experience(x) for x in items]
+        vectors = self.embedder.embed([e.instruction for e in experiences])
+        ids, new_ids, new_rows = [], [], []
+        with self.store.transaction() as conn:
+            for row, (exp, vec) in enumerate(zip(experiences, vectors)):
+                exp_id, inserted = self.store.insert(conn, exp, vec)
+                ids.append(exp_id)
+                if inserted:
+                    new_ids.append(exp_id)
+                    new_rows.append(row)
+        self.index.add(np.array(new_ids, dtype=np.int64), vectors[new_rows])
+        return ids
+
+    def delete(self, exp_id: int) -> None:
+        self.store.delete(exp_id)
+        self.index.remove([exp_id])
+
+    def rebuild_index(self) -> None:
+        ids, vectors = self.store.embeddings()
+        self.index = VectorIndex(self.embedder.dim)
+        self.index.add(ids, vectors)
+        self.index.save(self.index_path)
+
+    def flush(self) -> None:
+        self.index.save(self.index_path)
+
+    # ------------------------------------------------------------------ reading
+    def retrieve(self, query: str | Task, k: int = 3, *, env_id: str | None = None) -> list[Experience]:
+        """The k stored experiences whose task is most similar to `query` (best first), optionally of one env."""
+        text = query.instruction if isinstance(query, Task) else query
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("retrieve needs a non-empty task instruction or Task")
+        allowed = self.store.ids(env_id) if env_id is not None else None
+        if allowed is not None and len(allowed) == 0:
+            return []
+        scores, ids = self.index.search(self.embedder.embed([text]), k, allowed)
+        similarity = {int(i): float(s) for i, s in zip(ids[0], scores[0]) if i >= 0}
+        found = self.store.get(list(similarity))
+        for exp in found:
+            exp.metadata = {**exp.metadata, "similarity": similarity[exp.id]}
+        return found
+
+    def get(self, exp_id: int) -> Experience:
+        found = self.store.get([exp_id])
+        if not found:
+            raise KeyError(f"no experience with id {exp_id} in {self.store.path}")
+        return found[0]
+
+    def count(self, env_id: str | None = None) -> int:
+        return self.store.count(env_id)
+
+    def export(self) -> list[dict]:
+        return self.store.export()
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        self.flush()
+        self.store.close()
+
+    def __enter__(self) -> "ExperienceBank":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @staticmethod
+    def _as_experience(item: Episode | Experience) -> Experience:
+        if isinstance(item, Episode):
+            return trace_from_episode(item)
+        if isinstance(item, Experience):
+            return item
+        raise StoreError(f"the bank stores Episodes or Experiences, got {type(item).__name__}")
+
+
+__all__ = ["ExperienceBank", "Experience", "StoreError", "trace_from_episode"]
+
+
+def texts_of(experiences: Sequence[Experience]) -> list[str]:
+    """Plain-text context of retrieved experiences, for text-context methods."""
+    return [e.as_text() for e in experiences]
