@@ -1,27 +1,22 @@
 """The `agentgym-opd` command line.
 
 Subcommands: `envs` (list environments), `algos` (list algorithms), `play ENV_ID` (a person plays an env
-in the terminal). `train`, `eval`, `bench` and `leaderboard` are attached by the modules that implement
-them (see `SUBCOMMAND_MODULES`): each module has `add_arguments(parser)` and `run(args) -> int`, so the
-CLI stays a table of contents rather than a place where logic accumulates.
+in the terminal). The others (`train`, `eval`, `bench`, `leaderboard`) are found like environments and
+algorithms, through an entry-point group (`agentgym_opd.commands`): each entry names a module with `HELP`
+(one line), `add_arguments(parser)` and `run(args) -> int`. So the core does not import the evaluation or
+training packages by name, and the CLI stays a table of contents rather than a place where logic piles up.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import textwrap
+from importlib import metadata
 from typing import Sequence
 
-# subcommand -> (module, one-line help). A module that is not there yet leaves its command out of the help.
-SUBCOMMAND_MODULES = {
-    "train": ("agentgym_opd.commands.train", "train a student with a registered algorithm"),
-    "eval": ("agentgym_opd.commands.eval", "evaluate a policy on a registered env split"),
-    "bench": ("agentgym_opd.commands.bench", "the main job: every algorithm on the embedded default"),
-    "leaderboard": ("agentgym_opd.commands.leaderboard", "add result records and build the leaderboard"),
-}
+COMMAND_GROUP = "agentgym_opd.commands"
 
 
 def _cmd_envs(args: argparse.Namespace) -> int:
@@ -118,14 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="constructor override")
     p.set_defaults(func=_cmd_play)
 
-    for name, (module_name, help_text) in SUBCOMMAND_MODULES.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue  # not built yet
-            raise
-        p = sub.add_parser(name, help=help_text)
+    for ep in sorted(metadata.entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
+        module = ep.load()
+        p = sub.add_parser(ep.name, help=getattr(module, "HELP", ""))
         module.add_arguments(p)
         p.set_defaults(func=module.run)
     return parser

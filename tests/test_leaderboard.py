@@ -1,0 +1,114 @@
+"""Result records and the leaderboard: schema validation, refusal of bad records, rendering, the CLI."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+from evaluation.leaderboard import Leaderboard
+from evaluation.records import RecordError, validate_record
+
+
+def make_record(algorithm="opd", seed=0, success=0.5, env_id="household/valid_unseen", **over):
+    record = {
+        "schema_version": 1,
+        "env_id": env_id,
+        "split": env_id.split("/")[1],
+        "metrics": {"success_rate": {"mean": success, "stderr": 0.05}, "mean_turns": {"mean": 12.0 - 4 * success, "stderr": 0.5}},
+        "n_episodes": 100,
+        "algorithm": algorithm,
+        "algorithm_config": {"lr": 1e-4},
+        "student": "tiny-llama",
+        "teacher": None if algorithm in ("grpo", "sft") else "smollm2-135m",
+        "code_revision": "abc1234",
+        "seed": seed,
+        "wall_time_s": 12.5,
+        "created": "2026-12-02T18:00:00+00:00",
+        "curve": [{"rollouts": 0, "success_rate": 0.1}, {"rollouts": 256, "success_rate": success}],
+    }
+    record.update(over)
+    return record
+
+
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda r: r.pop("env_id"), "env_id"),
+        (lambda r: r.update(n_episodes=0), "n_episodes"),
+        (lambda r: r.update(n_episodes="100"), "n_episodes"),
+        (lambda r: r["metrics"].update(success_rate={"mean": 0.5}), "metrics"),
+        (lambda r: r["metrics"].update(success_rate={"mean": float("nan"), "stderr": 0.1}), "metrics"),
+        (lambda r: r.update(schema_version=2), "schema_version"),
+        (lambda r: r.update(created="yesterday"), "created"),
+        (lambda r: r.update(teacher=""), "teacher"),
+        (lambda r: r.update(curve=[{"rollouts": "x"}]), "curve"),
+        (lambda r: r.update(colour="red"), "colour"),
+    ],
+)
+def test_schema_violations_name_the_field(mutate, field):
+    record = make_record()
+    mutate(record)
+    with pytest.raises(RecordError, match=repr(field) if field != "colour" else "colour"):
+        validate_record(record)
+
+
+def test_corrupt_duplicate_and_invalid_records_leave_the_board_as_it_was(tmp_path):
+    board = Leaderboard(tmp_path / "lb")
+    board.add(make_record("opd", 0, 0.6))
+    board.add(make_record("grpo", 0, 0.4))
+    board.build()
+    before = {p.name: p.read_bytes() for p in (tmp_path / "lb").rglob("*") if p.is_file()}
+
+    with pytest.raises(RecordError, match="identical content"):
+        board.add(make_record("opd", 0, 0.6))
+    with pytest.raises(RecordError, match="same run"):
+        board.add(make_record("opd", 0, 0.7))
+    with pytest.raises(RecordError, match="'wall_time_s'"):
+        board.add(make_record("sdpo", 0, 0.7, wall_time_s=-1))
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text('{"schema_version": 1, "env_id": ')
+    with pytest.raises(RecordError, match="cannot read a JSON record"):
+        board.add(corrupt)
+    after = {p.name: p.read_bytes() for p in (tmp_path / "lb").rglob("*") if p.is_file()}
+    assert after == before
+
+    # a corrupt file dropped straight into records/ stops the build before anything is rewritten
+    (tmp_path / "lb" / "records" / "zz-broken.json").write_text("{not json")
+    with pytest.raises(RecordError, match="zz-broken.json"):
+        board.build()
+    assert (tmp_path / "lb" / "LEADERBOARD.md").read_bytes() == before["LEADERBOARD.md"]
+
+
+def test_tables_aggregate_seeds_and_mark_the_best(tmp_path):
+    board = Leaderboard(tmp_path / "lb")
+    for seed, s in enumerate([0.5, 0.7]):
+        board.add(make_record("opd", seed, s))
+    board.add(make_record("grpo", 0, 0.3))
+    board.add(make_record("opd", 0, 0.9, env_id="tooluse/valid_unseen"))
+    board.build()
+    md = (tmp_path / "lb" / "LEADERBOARD.md").read_text()
+    assert "## household" in md and "## tooluse" in md
+    opd_row = next(line for line in md.splitlines() if "| household/valid_unseen | opd |" in line)
+    # mean of seed means 0.6; stderr across seeds = std([0.5, 0.7]) / sqrt(2) = 0.1
+    assert "**0.600 +- 0.100**" in opd_row and "| 0,1 | 200 |" in opd_row
+    grpo_row = next(line for line in md.splitlines() if "| household/valid_unseen | grpo |" in line)
+    assert "0.300 +- 0.050" in grpo_row and "**0.300" not in grpo_row
+    # mean_turns: lower is better, so opd (12 - 2.4 = 9.6) is bold and grpo (10.8) is not
+    assert "**9.600" in opd_row and "**10.800" not in grpo_row
+    csv_text = (tmp_path / "lb" / "leaderboard.csv").read_text().splitlines()
+    assert csv_text[0].startswith("env_family,env_id,split,algorithm") and len(csv_text) == 4
+
+
+def test_cli_add_and_build(tmp_path):
+    rec = tmp_path / "r.json"
+    rec.write_text(json.dumps(make_record("sdpo", 3, 0.55)))
+    cmd = [sys.executable, "-m", "agentgym_opd.cli", "leaderboard", "--root", str(tmp_path / "lb")]
+    out = subprocess.run(cmd + ["add", str(rec)], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "LEADERBOARD.md" in out.stdout and (tmp_path / "lb" / "index.html").exists()
+    again = subprocess.run(cmd + ["add", str(rec)], capture_output=True, text=True, cwd=tmp_path)
+    assert again.returncode == 2 and "duplicate record" in again.stderr
