@@ -16,4 +16,13 @@ fi
 # 2. the project with its extras
 $PY -m pip install --quiet -e ".[${EXTRAS}]"
 
+# 3. system packages the tests use: Debian's Chromium for the leaderboard page test
+if ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "note: install Chromium (Debian: apt-get install chromium) for the leaderboard page test" >&2
+  fi
+fi
+
 $PY -c "import torch; print('torch', torch.__version__)"
