@@ -1,0 +1,153 @@
+"""`HouseholdEnv`: the embedded household world (ALFWorld in spirit) behind the `TextEnv` contract.
+
+Pure Python, nothing downloaded: each task's room and goal are generated from (split, index) (see
+`generator`), and its exact shortest walkthrough comes from `planner`. The agent speaks ALFWorld's
+command language and sees ALFWorld-style observations; a command outside the admissible list is an
+`invalid_action` error (ALFWorld prints "Nothing happens."; we say why). Reward is 1.0 on the step
+that completes the goal (which ends the episode), else 0; `score` is the fraction of goal conditions met.
+
+Options: `num_tasks` (defaults: 2000 train, 200 per valid split), `task_types` (a subset of the six
+types; the registered ids `household/<split>-<task_type>` set it to one), `max_turns` (default 30; the
+longest optimal walkthrough is well under 20). `data_root` is accepted for interface symmetry with the
+data-backed families and ignored: this world needs no data.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from agentgym_opd.core import StepOutcome, TextEnv, UnknownTaskError
+from agentgym_opd.types import StepError, Task
+from environments.household.commands import explain, resolve
+from environments.household.generator import (
+    DEFAULT_NUM_TASKS, SPLITS, GoalDraw, build_world, is_unseen_combination, task_indices,
+)
+from environments.household.goals import TASK_TYPES, GoalChecker
+from environments.household.planner import plan
+from environments.household.scenes import LAMP
+from environments.household.world import WELCOME, World
+
+
+class HouseholdEnv(TextEnv):
+    """Embedded household world: ALFWorld's six task types in generated rooms, with exact walkthroughs."""
+
+    description = "household world (ALFWorld-like): six task types, generated rooms, exact walkthroughs"
+
+    def __init__(self, split: str = "train", *, num_tasks: int | None = None,
+                 task_types: tuple[str, ...] | list[str] | str | None = None, max_turns: int = 30,
+                 data_root: str | os.PathLike | None = None, **kwargs: Any):
+        if split not in SPLITS:
+            raise ValueError(f"unknown household split {split!r}; expected one of {', '.join(SPLITS)}")
+        if isinstance(task_types, str):
+            task_types = (task_types,)
+        if task_types is not None:
+            task_types = tuple(task_types)
+            bad = [t for t in task_types if t not in TASK_TYPES]
+            if bad or not task_types:
+                raise ValueError(f"unknown task types {bad}; expected a non-empty subset of {', '.join(TASK_TYPES)}")
+        num_tasks = DEFAULT_NUM_TASKS[split] if num_tasks is None else int(num_tasks)
+        if num_tasks < 1:
+            raise ValueError(f"num_tasks must be at least 1, got {num_tasks}")
+        default_id = f"household/{split}" + (f"-{task_types[0]}" if task_types and len(task_types) == 1 else "")
+        kwargs.setdefault("env_id", default_id)
+        super().__init__(split, max_turns=max_turns, **kwargs)
+        self.num_tasks = num_tasks
+        self.task_types = task_types
+        self._draws = {d.task_id: d for d in (GoalDraw(split, i) for i in task_indices(num_tasks, task_types))}
+        self._ids = list(self._draws)
+        self._tasks: dict[str, Task] = {}
+        self.world: World | None = None
+        self.checker: GoalChecker | None = None
+
+    # ------------------------------------------------------------------ tasks
+    def task_ids(self) -> list[str]:
+        return list(self._ids)
+
+    def get_task(self, task_id: str) -> Task:
+        task = self._tasks.get(task_id)
+        if task is not None:
+            return task
+        draw = self._draws.get(task_id)
+        if draw is None:
+            raise UnknownTaskError(task_id, self._ids)
+        world = build_world(draw)
+        checker = GoalChecker(draw.goal, world)
+        walkthrough = plan(world, checker)
+        goal = draw.goal
+        if goal.target == LAMP:
+            prep, target_type = "", LAMP
+        else:
+            prep, target_type = world.r_prep[world.r_index[goal.target]], goal.target.split(" ")[0]
+        instruction = goal.instruction(prep, draw.variant)
+        privileged = {
+            "walkthrough": walkthrough,
+            "solution": "\n".join(f"> {a}" for a in walkthrough),
+        }
+        metadata = {
+            "task_type": goal.task_type, "scene": draw.scene.name, "object_type": goal.obj_type,
+            "target": goal.target, "combination": [goal.obj_type, target_type],
+            "unseen_combination": is_unseen_combination(goal.obj_type, target_type),
+            "index": draw.index, "optimal_turns": len(walkthrough),
+        }
+        task = Task(task_id, self.env_id, self.split, instruction, privileged, metadata)
+        self._tasks[task_id] = task
+        return task
+
+    # ------------------------------------------------------------------ episode
+    def _start(self, task: Task) -> str:
+        draw = self._draws[task.id]
+        self.world = build_world(draw)
+        self.checker = GoalChecker(draw.goal, self.world)
+        return f"{WELCOME}\n\n{self.world.look()}\n\nYour task is to: {task.instruction}"
+
+    def _act(self, action: str) -> StepOutcome:
+        world = self.world
+        adm = world._adm
+        cmd = (adm if adm is not None else world.admissible()).get(action)
+        if cmd is None:
+            cmd = resolve(world, action)
+            if cmd is None:
+                reason = explain(world, action)
+                message = (f"{reason[0].upper()}{reason[1:]}. The admissible_actions list the valid commands "
+                           "in this state.")
+                return StepOutcome(f"Nothing happens. {message}", error=StepError("invalid_action", message))
+        observation = world.execute(cmd)
+        success = self.checker.check()[0]
+        return StepOutcome(observation, 1.0 if success else 0.0, success)
+
+    def _check_text(self, action: str) -> StepError | None:
+        """Fast path: an exact admissible command is plain, short text by construction; else the base checks."""
+        world = self.world
+        if world is not None and world._adm is not None and action in world._adm \
+                and len(action) <= self.max_action_chars:
+            return None
+        return super()._check_text(action)
+
+    def admissible_actions(self) -> list[str] | None:
+        if self.world is None:
+            return None
+        adm = self.world._adm
+        return list(adm if adm is not None else self.world.admissible())
+
+    def progress(self) -> tuple[bool, float]:
+        if self.checker is None:
+            return False, 0.0
+        return self.checker.check()
+
+    def episode_feedback(self) -> str:
+        success, score = self.progress()
+        if success:
+            return f"Task completed in {self.turn} turns."
+        parts = [f"Task not completed ({score:.0%} of the goal conditions met)"]
+        if self.checker is not None:
+            parts += self.checker.explain()
+        text = "; ".join(parts) + "."
+        if self.turn >= self.max_turns:
+            text += f" Ran out of turns: the limit is {self.max_turns}."
+        invalid = sum(1 for e in self.error_log if e.kind == "invalid_action")
+        others = len(self.error_log) - invalid
+        if invalid or others:
+            text += f" {len(self.error_log)} of {self.turn} actions failed ({invalid} invalid commands)"
+            text += f"; the last error: {self.error_log[-1].message}"
+        return text

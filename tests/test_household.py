@@ -1,0 +1,351 @@
+"""Household world: env contract, bad input, admissible actions, splits, exact planner, feedback."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from agentgym_opd.core import EnvMisuseError, UnknownTaskError
+from agentgym_opd.registry import list_envs, make
+from environments.household.commands import resolve
+from environments.household.env import HouseholdEnv
+from environments.household.generator import GoalDraw, is_unseen_combination, split_combinations
+from environments.household.goals import TASK_TYPES, Goal, GoalChecker
+from environments.household.planner import all_commands, bfs, plan, relevant_expander
+from environments.household.scenes import CLEAN, COOL, HOT, LAMP
+from environments.household.world import World
+
+SPLITS = ("train", "valid_seen", "valid_unseen")
+
+
+@pytest.fixture(scope="module")
+def envs() -> dict[str, HouseholdEnv]:
+    return {s: HouseholdEnv(s) for s in SPLITS}
+
+
+def _task_of_type(env: HouseholdEnv, task_type: str, nth: int = 0):
+    ids = [i for i in env.task_ids() if i.split(":")[2] == task_type]
+    return env.get_task(ids[nth])
+
+
+# ---------------------------------------------------------------- contract
+@pytest.mark.parametrize("split", SPLITS)
+def test_check_env_passes(split):
+    env = make(f"household/{split}")
+    check_env(env.unwrapped, skip_render_check=True)
+
+
+def test_registered_ids_and_defaults():
+    ids = [s.id for s in list_envs() if s.id.startswith("household/")]
+    assert len(ids) == 3 + 3 * 6
+    env = make("household/valid_unseen")
+    assert env.env_id == "household/valid_unseen" and len(env.task_ids()) == 200
+    assert len(make("household/train").task_ids()) == 2000
+    heat = make("household/valid_unseen-pick_heat_then_place")
+    assert heat.task_ids() and all(":pick_heat_then_place:" in i for i in heat.task_ids())
+    assert set(heat.task_ids()) <= set(env.task_ids())
+    small = make("household/train", num_tasks=12, task_types=["pick_two_obj_and_place"], max_turns=7)
+    assert len(small.task_ids()) == 2 and small.max_turns == 7
+    with pytest.raises(ValueError):
+        HouseholdEnv("test")
+    with pytest.raises(ValueError):
+        HouseholdEnv("train", task_types=["boil_water"])
+
+
+def test_every_split_has_all_six_task_types(envs):
+    for env in envs.values():
+        types = {i.split(":")[2] for i in env.task_ids()}
+        assert types == set(TASK_TYPES)
+
+
+def test_determinism_same_seed_same_task_and_observations():
+    a, b = HouseholdEnv("train"), HouseholdEnv("train")
+    obs_a, info_a = a.reset(seed=123)
+    obs_b, info_b = b.reset(seed=123)
+    assert obs_a == obs_b and info_a["task"] == info_b["task"]
+    rng_a, rng_b = random.Random(5), random.Random(5)
+    for _ in range(20):
+        act_a = rng_a.choice(info_a["admissible_actions"])
+        act_b = rng_b.choice(info_b["admissible_actions"])
+        out_a, out_b = a.step(act_a), b.step(act_b)
+        assert out_a[:4] == out_b[:4] and out_a[4]["admissible_actions"] == out_b[4]["admissible_actions"]
+        info_a, info_b = out_a[4], out_b[4]
+        if out_a[2] or out_a[3]:
+            break
+    seen = {HouseholdEnv("train").reset(seed=s)[1]["task"].id for s in range(8)}
+    assert len(seen) > 1  # the seed does pick the task
+
+
+def test_initial_observation_is_alfworld_style_and_partial(envs):
+    env = envs["valid_seen"]
+    task = _task_of_type(env, "pick_clean_then_place")
+    obs, info = env.reset(options={"task_id": task.id})
+    assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-")
+    assert "You are in the middle of a room. Looking quickly around you, you see a " in obs
+    assert obs.endswith(f"Your task is to: {task.instruction}")
+    assert "clean" in task.instruction
+    # objects are not visible from the middle of the room
+    assert not any(o in obs for o in env.world.o_names)
+    world = env.world
+    closed = next(i for i, name in enumerate(world.r_names) if world.r_openable[i] and not world.r_open[i])
+    obs, *_ = env.step(f"go to {world.r_names[closed]}")
+    assert obs == f"You arrive at {world.r_names[closed]}. The {world.r_names[closed]} is closed."
+    obs, *_ = env.step(f"open {world.r_names[closed]}")
+    assert obs.startswith(f"You open the {world.r_names[closed]}. The {world.r_names[closed]} is open. In it, you see ")
+    assert env.step("inventory")[0] == "You are not carrying anything."
+
+
+# ---------------------------------------------------------------- bad input
+def test_bad_input_becomes_errors_and_env_keeps_working(envs):
+    env = envs["train"]
+    env.reset(seed=3)
+    cases = [
+        ("", "parse_error"),
+        ("   ", "parse_error"),
+        ("x" * 10_000, "parse_error"),
+        ("\udcff\x00", "parse_error"),
+        ("take apple 99 from fridge 1", "invalid_action"),
+        ("put mug 1 in/on cabinet 1", "invalid_action"),
+        ("fly to the moon", "invalid_action"),
+        ("go to narnia 1", "invalid_action"),
+    ]
+    for action, kind in cases:
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert info["error"] is not None and info["error"].kind == kind, (action, info["error"])
+        assert info["error"].message and obs and reward == 0.0 and not terminated
+        if kind == "invalid_action":
+            assert obs.startswith("Nothing happens.") and "admissible_actions" in info["error"].message
+        valid = info["admissible_actions"][0]
+        _, _, _, _, info = env.step(valid)
+        assert info["error"] is None
+    assert len(env.error_log) == len(cases)
+
+
+def test_invalid_action_messages_say_why(envs):
+    env = envs["valid_seen"]
+    task = _task_of_type(env, "pick_heat_then_place")
+    env.reset(options={"task_id": task.id})
+    world = env.world
+    micro = next(n for n in world.r_names if n.startswith("microwave"))
+    obj = task.metadata["object_type"] + " 1"
+    info = env.step(f"heat {obj} with {micro}")[4]
+    assert "holding" in info["error"].message
+    info = env.step(f"open {micro}")[4]
+    assert "go to" in info["error"].message
+    info = env.step(f"heat {obj} with {world.r_names[0]}")[4]
+    assert "microwave" in info["error"].message
+
+
+def test_misuse_raises(envs):
+    env = HouseholdEnv("valid_unseen", num_tasks=6, max_turns=2)
+    with pytest.raises(EnvMisuseError):
+        env.step("look")
+    with pytest.raises(UnknownTaskError):
+        env.reset(options={"task_id": "valid_unseen:9999:pick_and_place:apple:countertop_1"})
+    with pytest.raises(UnknownTaskError):
+        env.get_task(envs["train"].task_ids()[0])  # another split's id
+    env.reset(seed=0)
+    env.step("look")
+    *_, truncated, _ = env.step("look")
+    assert truncated
+    with pytest.raises(EnvMisuseError):
+        env.step("look")
+
+
+def test_truncation_at_max_turns():
+    env = HouseholdEnv("train", max_turns=4)
+    env.reset(seed=1)
+    for turn in range(1, 5):
+        obs, reward, terminated, truncated, info = env.step("inventory")
+        assert info["turn"] == turn and not terminated and truncated == (turn == 4)
+    assert "Ran out of turns" in info["feedback"] and info["admissible_actions"] is None
+
+
+# ---------------------------------------------------------------- admissible actions
+def test_admissible_actions_are_exactly_the_valid_ones(envs):
+    rng = random.Random(0)
+    env = envs["train"]
+    ids = env.task_ids()
+    verbs = ["go to {r}", "open {r}", "close {r}", "take {o} from {r}", "put {o} in/on {r}", "heat {o} with {r}",
+             "cool {o} with {r}", "clean {o} with {r}", "use {o}", "examine {r}", "examine {o}"]
+    checked = 0
+    for k in range(24):
+        env.reset(options={"task_id": ids[rng.randrange(len(ids))]})
+        world = env.world
+        for _ in range(25):
+            listed = env.admissible_actions()
+            snap = world.snapshot()
+            for action in listed:  # every listed action succeeds
+                world.restore(snap)
+                assert env._act(action).error is None, action
+                checked += 1
+            world.restore(snap)
+            for _ in range(6):  # random well-formed commands not listed fail
+                text = rng.choice(verbs).format(o=rng.choice(world.o_names), r=rng.choice(world.r_names))
+                if text not in listed:
+                    out = env._act(text)
+                    assert out.error is not None and out.error.kind == "invalid_action", text
+                    assert world.snapshot() == snap
+            for _ in range(2):  # and so does random text
+                text = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz 0123456789/") for _ in range(rng.randint(1, 30)))
+                alias = resolve(world, text)
+                if alias is not None:  # a documented variant spelling ("i") of a listed command
+                    assert alias in world.admissible().values()
+                elif text.strip() and text not in listed:
+                    assert env._act(text).error is not None and world.snapshot() == snap, text
+            obs, _, terminated, truncated, info = env.step(rng.choice(listed))
+            assert info["error"] is None
+            if terminated or truncated:
+                break
+    assert checked > 2000
+
+
+def test_variant_spellings_are_accepted(envs):
+    env = envs["valid_seen"]
+    task = _task_of_type(env, "pick_and_place")
+    env.reset(options={"task_id": task.id})
+    walk = task.privileged["walkthrough"]
+    for action in walk:
+        variant = action.upper() + "."
+        if action.startswith("put "):
+            variant = action.replace(" in/on ", " on ")
+        info = env.step(variant)[4]
+        assert info["error"] is None, variant
+    assert info["success"]
+
+
+# ---------------------------------------------------------------- splits
+def test_unseen_combinations_never_appear_in_train():
+    def combos(split: str, n: int) -> set[tuple[str, str]]:
+        out = set()
+        for i in range(n):
+            goal = GoalDraw(split, i).goal
+            out.add((goal.obj_type, goal.target.split(" ")[0]))
+        return out
+
+    train, seen, unseen = combos("train", 2000), combos("valid_seen", 200), combos("valid_unseen", 200)
+    assert unseen and not (unseen & train) and not (unseen & seen)
+    assert all(is_unseen_combination(*c) for c in unseen)
+    assert not any(is_unseen_combination(*c) for c in train | seen)
+    assert len(seen & train) > 0.8 * len(seen)  # seen really is seen
+    for task_type in TASK_TYPES:  # every type has both kinds of combinations
+        assert split_combinations(task_type, "train") and split_combinations(task_type, "valid_unseen")
+
+
+def test_splits_differ_in_worlds(envs):
+    a = envs["train"].reset(options={"task_id": envs["train"].task_ids()[0]})[0]
+    b = envs["valid_seen"].reset(options={"task_id": envs["valid_seen"].task_ids()[0]})[0]
+    assert a != b
+
+
+# ---------------------------------------------------------------- walkthroughs and planner
+def test_walkthrough_replay_succeeds_on_hundreds_of_tasks(envs):
+    counts = {"train": 180, "valid_seen": 90, "valid_unseen": 90}
+    lengths = []
+    for split, n in counts.items():
+        env = envs[split]
+        for task_id in env.task_ids()[:n]:
+            _, info = env.reset(options={"task_id": task_id})
+            task = info["task"]
+            walk = task.privileged["walkthrough"]
+            assert task.privileged["solution"] == "\n".join(f"> {a}" for a in walk)
+            assert 0 < len(walk) <= env.max_turns
+            for turn, action in enumerate(walk, 1):
+                obs, reward, terminated, truncated, info = env.step(action)
+                assert info["error"] is None, (task_id, action, obs)
+                assert terminated == (turn == len(walk)), (task_id, turn)
+            assert reward == 1.0 and info["success"] and info["score"] == 1.0
+            assert info["feedback"].startswith("Task completed")
+            lengths.append(len(walk))
+    assert len(lengths) == 360 and max(lengths) < 20
+
+
+def _small_world(rng: random.Random, task_type: str) -> tuple[World, Goal]:
+    """A tiny room (5 receptacles, 3 objects) where an unrestricted BFS is affordable."""
+    receptacles = [("cabinet 1", "cabinet", True, "in"), ("countertop 1", "countertop", False, "on"),
+                   ("fridge 1", "fridge", True, "in"), ("microwave 1", "microwave", True, "in"),
+                   ("sinkbasin 1", "sinkbasin", False, "in")]
+    if task_type == "look_at_obj_in_light":
+        receptacles[1] = ("desk 1", "desk", False, "on")
+    can = CLEAN | HOT | COOL
+    target = rng.choice([0, 1, 2, 3, 4])
+    away = [i for i in range(5) if i != target]
+    n_goal = 2 if task_type == "pick_two_obj_and_place" else rng.choice([1, 2])
+    objects = [(f"apple {i}", "apple", can, False, rng.choice(away)) for i in range(1, n_goal + 1)]
+    objects.append(("mug 1", "mug", can, False, rng.randrange(5)))
+    if task_type == "look_at_obj_in_light":
+        objects.append((f"{LAMP} 1", LAMP, 0, True, 1))
+        goal = Goal(task_type, "apple", LAMP)
+    else:
+        goal = Goal(task_type, "apple", receptacles[target][0])
+    opened = {i for i in (0, 2, 3) if rng.random() < 0.3}
+    return World("kitchen", receptacles, objects, opened), goal
+
+
+def test_restricted_planner_is_as_short_as_unrestricted_bfs():
+    rng = random.Random(7)
+    compared = 0
+    for task_type, _ in itertools.product(TASK_TYPES, range(10)):
+        world, goal = _small_world(rng, task_type)
+        checker = GoalChecker(goal, world)
+        start = world.snapshot()
+        restricted = bfs(world, checker, relevant_expander(checker))
+        full = bfs(world, checker, all_commands)
+        assert world.snapshot() == start
+        assert restricted is not None and full is not None
+        assert len(restricted) == len(full), (goal, restricted, full)
+        compared += 1
+    assert compared == 60
+
+
+def test_planner_output_is_replayable_text():
+    rng = random.Random(11)
+    world, goal = _small_world(rng, "pick_cool_then_place")
+    checker = GoalChecker(goal, world)
+    walk = plan(world, checker)
+    for action in walk:
+        world.execute(world.admissible()[action])
+    assert checker.check() == (True, 1.0)
+
+
+# ---------------------------------------------------------------- progress and feedback
+def test_partial_score_and_feedback_names_the_unmet_condition(envs):
+    env = envs["train"]
+    task = _task_of_type(env, "pick_clean_then_place", 1)
+    walk = task.privileged["walkthrough"]
+    clean_at = next(i for i, a in enumerate(walk) if a.startswith("clean "))
+    skipped = walk[:clean_at - 1] + walk[clean_at + 1:]  # drop "go to sinkbasin" and "clean ..."
+    env.max_turns = len(skipped)
+    try:
+        env.reset(options={"task_id": task.id})
+        for action in skipped:
+            obs, reward, terminated, truncated, info = env.step(action)
+            assert info["error"] is None, (action, obs)
+    finally:
+        env.max_turns = 30
+    assert truncated and not terminated and reward == 0.0
+    assert info["score"] == 0.0 and not info["success"]
+    obj = skipped[-1].split(" in/on ")[0][len("put "):]
+    target = task.metadata["target"]
+    assert f"the {obj} was put in {target} but it was not clean" in info["feedback"] or \
+           f"the {obj} was put on {target} but it was not clean" in info["feedback"]
+    assert "Ran out of turns" in info["feedback"]
+
+    env.reset(options={"task_id": task.id})
+    for action in walk[:clean_at + 1]:
+        info = env.step(action)[4]
+    assert info["score"] == 0.5 and not info["success"]
+
+
+def test_feedback_counts_invalid_actions():
+    env = HouseholdEnv("valid_seen", max_turns=3)
+    env.reset(seed=2)
+    env.step("dance")
+    env.step("look")
+    *_, truncated, info = env.step("go to nowhere 1")
+    assert truncated
+    assert "2 of 3 actions failed (2 invalid commands)" in info["feedback"]
+    assert "no receptacle called 'nowhere 1'" in info["feedback"]
