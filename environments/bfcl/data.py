@@ -1,0 +1,196 @@
+"""BFCL tasks from the `bfcl-eval` wheel: questions, function docs, possible answers, ground truth.
+
+The wheel ships its data (`bfcl_eval/data/`), so there is no data root to configure: the loader is BFCL's
+own (`load_dataset_entry` / `load_ground_truth_entry`), which also applies BFCL's per-category
+preprocessing (language hints in the docs, multi-turn function docs from `multi_turn_func_doc/`, held-out
+functions of `multi_turn_miss_func`). Every category goes through the same two calls.
+
+Category kinds (what scores a task):
+* `ast`: single-turn; BFCL's AST checker against the possible answers.
+* `relevance`: single-turn, no possible answer; `irrelevance`/`live_irrelevance` pass when no call is
+  made, `live_relevance` when at least one is (BFCL's relevance rule).
+* `multi_turn`: calls executed against BFCL's backend classes; BFCL's multi-turn checker.
+* `agentic`: (`web_search_*`, `memory_*`) calls executed likewise; the final text answer is scored by
+  BFCL's agentic checker.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from functools import lru_cache
+from typing import Any
+
+from environments.bfcl._bfcl import bfcl
+
+# The scoring categories BFCL v4 ships (bfcl_eval.constants.category_mapping.ALL_SCORING_CATEGORIES),
+# listed here so that registering the ids needs no import of the wheel; a test checks they agree.
+AST_CATEGORIES = (
+    "simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple",
+    "live_simple", "live_multiple", "live_parallel", "live_parallel_multiple",
+)
+RELEVANCE_CATEGORIES = ("irrelevance", "live_irrelevance", "live_relevance")
+MULTI_TURN_CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
+AGENTIC_CATEGORIES = ("web_search_base", "web_search_no_snippet", "memory_kv", "memory_vector", "memory_rec_sum")
+ALL_CATEGORIES = AST_CATEGORIES + RELEVANCE_CATEGORIES + MULTI_TURN_CATEGORIES + AGENTIC_CATEGORIES
+# memory_* tasks start from the memory snapshot that BFCL's *model run* of the prerequisite conversations
+# wrote to a result folder (`initial_config["model_result_dir"]`): there is no episode to start without
+# that run, so they are not registered (they still load: `load_category("memory_kv")`).
+UNSUPPORTED_CATEGORIES = {
+    c: "BFCL's memory tasks start from a memory snapshot written by a model's run of the prerequisite "
+       "conversations (bfcl generate), which this env does not reproduce"
+    for c in AGENTIC_CATEGORIES if c.startswith("memory_")
+}
+SUPPORTED_CATEGORIES = tuple(c for c in ALL_CATEGORIES if c not in UNSUPPORTED_CATEGORIES)
+
+
+def category_kind(category: str) -> str:
+    if category in AST_CATEGORIES:
+        return "ast"
+    if category in RELEVANCE_CATEGORIES:
+        return "relevance"
+    if category in MULTI_TURN_CATEGORIES:
+        return "multi_turn"
+    if category in AGENTIC_CATEGORIES:
+        return "agentic"
+    raise ValueError(f"unknown BFCL category {category!r}; known: {', '.join(ALL_CATEGORIES)}")
+
+
+def kind_description(category: str) -> str:
+    return {
+        "ast": "single-turn calls, BFCL's AST checker",
+        "relevance": "single-turn relevance detection (call or abstain)",
+        "multi_turn": "multi-turn calls executed on BFCL's backends, BFCL's multi-turn checker",
+        "agentic": "multi-step tool use, final answer scored by BFCL's agentic checker",
+    }[category_kind(category)]
+
+
+def language_of(category: str) -> str:
+    return "java" if category.endswith("_java") else "javascript" if category.endswith("_javascript") else "python"
+
+
+@lru_cache(maxsize=None)
+def checker_docs(category: str) -> dict[str, list[dict]]:
+    """Function docs by entry id as BFCL's eval runner gives them to its checker: without the language
+    hints (which rewrite Java/JavaScript parameter types to "string" for the prompt)."""
+    entries = bfcl().utils.load_dataset_entry(category, include_prereq=False, include_language_specific_hint=False)
+    return {e["id"]: e.get("function", []) for e in entries}
+
+
+@lru_cache(maxsize=None)
+def load_category(category: str) -> tuple[tuple[dict, ...], dict[str, Any]]:
+    """(entries in BFCL's order, as prompted, with language hints; ground truth by entry id)."""
+    kind = category_kind(category)
+    b = bfcl()
+    entries = b.utils.load_dataset_entry(category, include_prereq=False)
+    if category.startswith("web_search"):  # BFCL sets the backend's show_snippet flag per category
+        entries = b.utils.populate_initial_settings_for_web_search_test_cases(entries)
+    answers: dict[str, Any] = {}
+    if kind != "relevance":
+        for row in b.utils.load_ground_truth_entry(category):
+            answers[row["id"].replace("memory", category) if kind == "agentic" and category.startswith("memory") else row["id"]] = row["ground_truth"]
+        if category.startswith("web_search"):
+            answers = {k.replace("web_search", category): v for k, v in answers.items()}
+    return tuple(entries), answers
+
+
+def entry_copy(entry: dict) -> dict:
+    """A private copy: BFCL's loaders hand out shared dicts, and multi-turn episodes extend `function`."""
+    return copy.deepcopy(entry)
+
+
+# ----------------------------------------------------------------------- gold calls as text
+def _first_option(options: Any) -> tuple[bool, Any]:
+    """BFCL lists the accepted values of a parameter; "" marks "may be omitted"."""
+    if not isinstance(options, list):
+        return True, options
+    for option in options:
+        if option != "":
+            return True, option
+    return False, None
+
+
+def _resolve(value: Any) -> Any:
+    if isinstance(value, dict):
+        out = {}
+        for key, options in value.items():
+            present, option = _first_option(options)
+            if present:
+                out[key] = _resolve(option)
+        return out
+    if isinstance(value, list):
+        return [_resolve(v) for v in value]
+    return value
+
+
+def gold_calls(possible_answer: list[dict]) -> list[tuple[str, dict]]:
+    """One concrete answer that BFCL's AST checker accepts: the first listed value of each parameter."""
+    calls = []
+    for item in possible_answer:
+        for name, params in item.items():
+            calls.append((name, _resolve(params)))
+    return calls
+
+
+def _foreign_literal(value: Any) -> str:
+    """Java/JavaScript categories: possible answers are source text already (`mapController`, `"x"`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # BFCL's Java/JS decoders strip the quotes of a top-level string literal
+    if isinstance(value, list):
+        return "[" + ", ".join(_foreign_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_foreign_literal(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+_JAVA_EXPRESSION = re.compile(r"[A-Za-z_$][\w$.]*(\(.*\))?|-?\d+(\.\d+)?[LlFfDd]?")
+
+
+def _java_element(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def _java_literal(value: Any, java_type: str) -> str:
+    """Java source for a value of a documented Java type, in the forms BFCL's Java type converter reads."""
+    if java_type == "long" and isinstance(value, int) and not isinstance(value, bool):
+        return f"{value}L"
+    if java_type in ("Array", "ArrayList") and isinstance(value, list):
+        items = ", ".join(_java_element(v) for v in value)
+        return f"new Object[]{{{items}}}" if java_type == "Array" else f"new ArrayList<>(Arrays.asList({items}))"
+    if java_type in ("HashMap", "Hashtable") and isinstance(value, dict):
+        puts = " ".join(f"put({_java_element(k)}, {_java_element(v)});" for k, v in value.items())
+        return f"new HashMap<String, Object>() {{{{ {puts} }}}}"
+    if java_type == "String" and isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, str):  # a Java expression (a variable, `new ...`, an enum constant), else a string
+        return value if _JAVA_EXPRESSION.fullmatch(value) or value.startswith("new ") else json.dumps(value)
+    return _foreign_literal(value)
+
+
+def render_gold(possible_answer: list[dict], language: str = "python", docs: list[dict] | None = None) -> str:
+    """One accepted answer as the agent would write it. Java needs the documented types (`docs`, as the
+    checker sees them) to spell longs, arrays and maps; without them values are rendered as JavaScript."""
+    types = {d["name"]: {p: (spec or {}).get("type", "") for p, spec in d.get("parameters", {}).get("properties", {}).items()}
+             for d in docs or []}
+    parts = []
+    for name, params in gold_calls(possible_answer):
+        if language == "python":
+            args = ", ".join(f"{k}={v!r}" for k, v in params.items())
+        elif language == "java" and name in types:
+            args = ", ".join(f"{k}={_java_literal(v, types[name].get(k, ''))}" for k, v in params.items())
+        else:
+            args = ", ".join(f"{k}={_foreign_literal(v)}" for k, v in params.items())
+        parts.append(f"{name}({args})")
+    return "[" + ", ".join(parts) + "]"
+
+
+def render_turn_calls(calls: list[str]) -> str:
+    """A multi-turn ground-truth turn (BFCL gives call strings) as one agent message."""
+    return "[" + ", ".join(calls) + "]"
