@@ -38,6 +38,7 @@ TEXT_CHARSET = (
 )
 MAX_TEXT_CHARS = 65536
 _OUTSIDE_CHARSET = re.compile("[^\t\n\x0b\x0c\r\x20-\x7e\u00a0-\u024f\u2010-\u2027]")
+_ASCII_CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f]")
 _NOT_TEXT = re.compile("[\x00-\x08\x0e-\x1f\x7f\ud800-\udfff]")
 
 
@@ -61,6 +62,8 @@ class UnknownTaskError(KeyError):
 
 def fit_to_charset(text: str, max_chars: int = MAX_TEXT_CHARS) -> str:
     """Make `text` a member of the observation space: unknown characters become '?', length is capped."""
+    if len(text) <= max_chars and text.isascii() and (text.isprintable() or not _ASCII_CONTROL.search(text)):
+        return text  # the common case, decided in C without scanning twice
     if _OUTSIDE_CHARSET.search(text):
         text = _OUTSIDE_CHARSET.sub("?", text)
     if len(text) > max_chars:
@@ -218,6 +221,8 @@ class TextEnv(gym.Env[str, str]):
     # ----------------------------------------------------------------- helpers
     def _check_text(self, action: str) -> StepError | None:
         """Generic checks of agent output that hold for every benchmark."""
+        if action.isascii() and action.isprintable() and len(action) <= self.max_action_chars and not action.isspace() and action:
+            return None  # one line of plain text: the common case, decided in C
         if len(action) > self.max_action_chars:
             return StepError(
                 "parse_error",

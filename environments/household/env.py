@@ -116,14 +116,6 @@ class HouseholdEnv(TextEnv):
         success = self.checker.check()[0]
         return StepOutcome(observation, 1.0 if success else 0.0, success)
 
-    def _check_text(self, action: str) -> StepError | None:
-        """Fast path: an exact admissible command is plain, short text by construction; else the base checks."""
-        world = self.world
-        if world is not None and world._adm is not None and action in world._adm \
-                and len(action) <= self.max_action_chars:
-            return None
-        return super()._check_text(action)
-
     def admissible_actions(self) -> list[str] | None:
         if self.world is None:
             return None
