@@ -122,8 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from agentgym_opd.core import UnknownTaskError
+    from agentgym_opd.data import DataNotFoundError
+    from agentgym_opd.registry import UnknownIdError
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (UnknownIdError, UnknownTaskError, DataNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)  # user input errors: the message says what to do, no traceback
+        return 2
 
 
 if __name__ == "__main__":
