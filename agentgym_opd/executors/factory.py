@@ -1,0 +1,41 @@
+"""`make_vector_env`: pick the executor by config, so a rollout script says `executor="ray"` and nothing else.
+
+`reset_slots` is the one operation a rollout loop needs beyond reset/step: resetting some envs while the
+others keep running (`reset_at` on both `VectorTextEnv` and `RayVectorTextEnv`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from agentgym_opd.vector import VectorTextEnv
+
+EXECUTORS = ("local", "ray")
+
+
+def make_vector_env(env_id: str, num_envs: int, executor: str = "local", *,
+                    actor_options: dict[str, Any] | None = None, step_timeout_s: float | None = None,
+                    **env_kwargs: Any):
+    """`num_envs` copies of `env_id`: in this process (`"local"`) or one per Ray actor (`"ray"`).
+
+    `actor_options` and `step_timeout_s` only mean something for Ray and are refused for `"local"`, so a
+    config that asks for them never silently runs without them.
+    """
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+    if executor == "local":
+        if actor_options is not None or step_timeout_s is not None:
+            raise ValueError("actor_options and step_timeout_s apply to executor='ray' only")
+        return VectorTextEnv.make(env_id, num_envs, **env_kwargs)
+    if executor == "ray":
+        from agentgym_opd.executors.ray_envs import RayVectorTextEnv  # ray is imported only when asked for
+
+        return RayVectorTextEnv.make(env_id, num_envs, actor_options=actor_options,
+                                     step_timeout_s=step_timeout_s, **env_kwargs)
+    raise ValueError(f"unknown executor {executor!r}; expected one of {', '.join(EXECUTORS)}")
+
+
+def reset_slots(vec: Any, indices: Sequence[int], seeds: Sequence[int | None],
+                options: Sequence[dict[str, Any] | None]) -> list[tuple[str, dict[str, Any]]]:
+    """Reset only the envs in `indices`; both executors implement it as `reset_at`."""
+    return vec.reset_at(indices, seeds, options)
