@@ -62,6 +62,21 @@ class VectorTextEnv:
         self.active = [True] * n
         return out
 
+    def reset_at(
+        self,
+        indices: Sequence[int],
+        seeds: Sequence[int | None],
+        options: Sequence[dict[str, Any] | None],
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Reset only the envs in `indices` (the others keep running): how a rollout refills a finished slot."""
+        if not (len(indices) == len(seeds) == len(options)):
+            raise ValueError(f"reset_at needs as many seeds and options as indices, got {len(indices)}, {len(seeds)}, {len(options)}")
+        out = []
+        for i, seed, opts in zip(indices, seeds, options):
+            out.append(self.envs[i].reset(seed=seed, options=opts))
+            self.active[i] = True
+        return out
+
     def step(self, actions: Sequence[str | None]) -> list[StepResult | None]:
         """Step env i with actions[i]; None skips it (finished envs must be given None)."""
         if len(actions) != self.num_envs:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from evaluation.agents import SCRIPTED_AGENTS
+from evaluation.runner import SCRIPTED_AGENTS
 
 HELP = "evaluate a policy on a registered env split and write a result record"
 
@@ -20,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=1, help="samples per task (pass@k needs k or more)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--executor", choices=["local", "ray"], default="local",
+                        help="where the envs run: in this process, or one per Ray actor")
     parser.add_argument("--out", default=None, help="write the record here (default: print it)")
 
 
@@ -31,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
               f"use one of the scripted agents {sorted(SCRIPTED_AGENTS)}", file=sys.stderr)
         return 2
     record = evaluate_scripted(args.env, args.policy, episodes=args.episodes, samples_per_task=args.samples,
-                               seed=args.seed, num_envs=args.num_envs)
+                               seed=args.seed, num_envs=args.num_envs, executor=args.executor)
     text = json.dumps(record, indent=2)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -10,17 +10,8 @@ import pytest
 
 from evaluation.leaderboard import Leaderboard
 from evaluation.metrics import summarise
-from evaluation.runner import evaluate_scripted, run_agent, select_tasks
-
-
-class GarbageAgent:
-    name = "garbage"
-
-    def begin(self, info, seed):
-        pass
-
-    def act(self, observation, info):
-        return "dance wildly"
+from agentgym_opd.executors import collect_episodes, make_vector_env
+from evaluation.runner import evaluate_scripted, select_tasks
 
 
 def test_walkthrough_oracle_solves_every_selected_task():
@@ -37,7 +28,8 @@ def test_random_agent_is_reproducible_by_seed_and_reports_pass_at_k():
 
 
 def test_errors_are_counted_by_kind():
-    episodes = run_agent("household/train", GarbageAgent, episodes=4, progress=False, max_turns=5)
+    vec = make_vector_env("household/train", 2, max_turns=5)
+    episodes = collect_episodes(vec, lambda obs, info: "dance wildly", vec.envs[0].task_ids()[:4])
     assert [e.num_turns for e in episodes] == [5] * 4
     metrics = summarise(episodes)
     assert metrics["error_rate/invalid_action"]["mean"] == 1.0 and metrics["success_rate"]["mean"] == 0.0
