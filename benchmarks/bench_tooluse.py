@@ -1,0 +1,76 @@
+"""Throughput of the tool-use world: steps/s through `env.step` vs the raw logic, and the overhead.
+
+Both loops play the same action scripts: each task's gold walkthrough with broken calls mixed in (bad
+JSON, a wrong argument type, an unknown function, an unknown item) before every gold call, so half the
+steps are errors. "raw" is the same work minus the wrapper: `_start` per episode, `_act` + `progress`
+per step. Tasks are generated once before timing. Usage: `python benchmarks/bench_tooluse.py [seconds]`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from environments.tooluse.env import ToolUseEnv
+
+N_TASKS = 300
+BROKEN = (
+    '{"name": "get_price", "arguments": {"item": apple}}',
+    '{"name": "get_total", "arguments": {"item": "apple", "quantity": "3"}}',
+    '{"name": "get_prize", "arguments": {"item": "apple"}}',
+    '<tool_call>{"name": "get_stock", "arguments": {"item": "spaceship"}}</tool_call>',
+)
+
+
+def _scripts(env: ToolUseEnv) -> list[tuple[str, list[str]]]:
+    scripts = []
+    for k, task_id in enumerate(env.task_ids()[:N_TASKS]):
+        actions = []
+        for j, gold in enumerate(env.get_task(task_id).privileged["walkthrough"]):
+            actions += [BROKEN[(k + j) % len(BROKEN)], gold]
+        scripts.append((task_id, actions))
+    return scripts
+
+
+def _timed(seconds: float, episode, n: int) -> tuple[int, float]:
+    steps, k, start = 0, 0, time.perf_counter()
+    while True:
+        steps += episode(k % n)
+        k += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return steps, elapsed
+
+
+def run(seconds: float = 3.0) -> dict:
+    """Measure for about `seconds` per mode; returns steps/s of both modes and the wrapper overhead ratio."""
+    env = ToolUseEnv("train", max_turns=30)
+    scripts = _scripts(env)
+
+    def wrapped(k: int) -> int:
+        task_id, actions = scripts[k]
+        env.reset(options={"task_id": task_id})
+        for action in actions:
+            env.step(action)
+        return len(actions)
+
+    def raw(k: int) -> int:
+        task_id, actions = scripts[k]
+        env._start(env.get_task(task_id))
+        for action in actions:
+            env._act(action)
+            env.progress()
+        return len(actions)
+
+    wrapped_steps, wrapped_s = _timed(seconds, wrapped, len(scripts))
+    raw_steps, raw_s = _timed(seconds, raw, len(scripts))
+    wrapped_rate, raw_rate = wrapped_steps / wrapped_s, raw_steps / raw_s
+    return {"env": "tooluse/train", "steps_per_s_env_step": round(wrapped_rate),
+            "steps_per_s_raw_logic": round(raw_rate), "wrapper_overhead_ratio": round(raw_rate / wrapped_rate, 3),
+            "error_fraction": 0.5}
+
+
+if __name__ == "__main__":
+    result = run(float(sys.argv[1]) if len(sys.argv) > 1 else 3.0)
+    for key, value in result.items():
+        print(f"{key}: {value}")
