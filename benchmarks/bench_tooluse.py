@@ -65,9 +65,8 @@ def run(seconds: float = 3.0) -> dict:
     wrapped_steps, wrapped_s = _timed(seconds, wrapped, len(scripts))
     raw_steps, raw_s = _timed(seconds, raw, len(scripts))
     wrapped_rate, raw_rate = wrapped_steps / wrapped_s, raw_steps / raw_s
-    return {"env": "tooluse/train", "steps_per_s_env_step": round(wrapped_rate),
-            "steps_per_s_raw_logic": round(raw_rate), "wrapper_overhead_ratio": round(raw_rate / wrapped_rate, 3),
-            "error_fraction": 0.5}
+    return {"env_steps_per_s": wrapped_rate, "raw_steps_per_s": raw_rate,
+            "wrapper_overhead": raw_rate / wrapped_rate - 1.0, "error_fraction": 0.5}
 
 
 if __name__ == "__main__":
