@@ -44,6 +44,10 @@ class VectorTextEnv:
 
         return cls([make(env_id, **overrides) for _ in range(num_envs)])
 
+    def task_ids(self) -> list[str]:
+        """The split's task ids (every env of a vector runs the same split)."""
+        return self.envs[0].task_ids()
+
     @property
     def num_envs(self) -> int:
         return len(self.envs)
