@@ -7,7 +7,7 @@ pass@k = 1 - C(n-c, k) / C(n, k), computed as 1 - prod_{i=n-c+1..n} (1 - k/i) to
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 
 def mean_stderr(values: Sequence[float]) -> tuple[float, float]:
@@ -34,3 +34,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     for i in range(n - c + 1, n + 1):
         prod *= 1.0 - k / i
     return 1.0 - prod
+
+
+def mean_pass_at_k(outcomes: Mapping[str, Sequence[bool]], ks: Sequence[int] = (1,)) -> dict[str, float]:
+    """{"pass@k": mean over problems} for each k that every problem has enough samples for."""
+    if not outcomes:
+        raise ValueError("no problems to aggregate")
+    fewest = min(len(samples) for samples in outcomes.values())
+    return {
+        f"pass@{k}": sum(pass_at_k(len(v), sum(v), k) for v in outcomes.values()) / len(outcomes)
+        for k in ks
+        if k <= fewest
+    }
