@@ -2,7 +2,7 @@
 
 Both loops play the same random admissible actions on the same tasks (a seeded RNG, episodes cut at
 `max_turns`), on one core, in this process. "raw" is the same work minus the wrapper: `_start` for a
-reset, `_act` + `admissible_actions` + `progress` per step. Tasks (walkthrough planning included) are
+reset, `_act` + `admissible_actions` + `progress` per step, `episode_feedback` at the end. Tasks (walkthrough planning included) are
 built once before timing, as a rollout worker does on its first pass over a split; the planning cost is
 reported on its own. Usage: `python benchmarks/bench_household.py [seconds]`.
 """
@@ -59,7 +59,9 @@ def run(seconds: float = 3.0) -> dict:
             actions = env.admissible_actions()
             env.progress()
             if outcome.terminated:
+                env.episode_feedback()  # the env's own end-of-episode work, which env.step also does once
                 return n
+        env.episode_feedback()
         return env.max_turns
 
     # Interleave short rounds so drift (other processes, CPU clocks) hits both modes alike.

@@ -3,7 +3,7 @@
 Both loops play the same action scripts: each task's gold walkthrough with broken calls mixed in (bad
 JSON, a wrong argument type, an unknown function, an unknown item) before every gold call, so half the
 steps are errors. "raw" is the same work minus the wrapper: `_start` per episode, `_act` + `progress`
-per step. Tasks are generated once before timing. Usage: `python benchmarks/bench_tooluse.py [seconds]`.
+per step and the end-of-episode feedback. Tasks are generated once before timing. Usage: `python benchmarks/bench_tooluse.py [seconds]`.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ def run(seconds: float = 3.0) -> dict:
         for action in actions:
             env._act(action)
             env.progress()
+            env.admissible_actions()
+        env.episode_feedback()  # the env's own end-of-episode work, which env.step also does once
         return len(actions)
 
     wrapped_steps, wrapped_s = _timed(seconds, wrapped, len(scripts))

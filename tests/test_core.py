@@ -88,6 +88,8 @@ def test_observations_fit_the_space():
     assert env.observation_space.contains(fitted)
     assert fitted.startswith("caf\u00e9 ??") and "\u2014" in fitted
     assert len(fit_to_charset("a" * 100_000)) == 65536
+    assert fit_to_charset("plain\nascii\x07\tbell") == "plain\nascii?\tbell"  # the ASCII fast path still cleans
+    assert fit_to_charset("line one\nline two") == "line one\nline two"
 
 
 def test_step_error_kind_is_closed():
