@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
-EXTRAS=${EXTRAS:-dev,bank,search,bfcl,ray,smollm2}
+EXTRAS=${EXTRAS:-dev,bank,search,bfcl,ray,smollm2,code,alfworld,scienceworld,textworld-express}
 
 # 1. torch first and on its own: 2.13.0 is a local CPU build on the build machines; asked for later by another
 #    package as a range, pip would fetch a multi-GB CUDA build instead.
