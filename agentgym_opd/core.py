@@ -188,30 +188,33 @@ class TextEnv(gym.Env[str, str]):
             raise EnvMisuseError(f"{self.env_id}: the episode is over (turn {self.turn}); call reset() to start a new one")
         if not isinstance(action, str):
             raise TypeError(f"{self.env_id}: an action is a str, got {type(action).__name__}")
-        self.turn += 1
-        error = self._check_text(action)
+        turn = self.turn = self.turn + 1
+        # the hot path is one call into the subclass; `_check_text` runs only for text that is not one plain line
+        plain = action.isascii() and action.isprintable() and len(action) <= self.max_action_chars
+        error = None if plain and not action.isspace() and action else self._check_text(action)
         outcome = StepOutcome(self._error_observation(error), error=error) if error else self._act(action.strip())
-        if outcome.error is not None:
-            self.error_log.append(outcome.error)
-        truncated = not outcome.terminated and self.turn >= self.max_turns
-        self.done = outcome.terminated or truncated
+        error = outcome.error
+        if error is not None:
+            self.error_log.append(error)
+        terminated = outcome.terminated
+        truncated = not terminated and turn >= self.max_turns
+        done = self.done = terminated or truncated
         success, score = self.progress()
         feedback = outcome.feedback
-        if self.done and not feedback:
+        if done and not feedback:
             feedback = self.episode_feedback()
-        obs = fit_to_charset(outcome.observation)
-        self.last_observation = obs
+        obs = self.last_observation = fit_to_charset(outcome.observation)
         info = {
-            "turn": self.turn,
-            "error": outcome.error,
+            "turn": turn,
+            "error": error,
             "feedback": feedback,
             "success": success,
             "score": score,
-            "admissible_actions": None if self.done else self.admissible_actions(),
+            "admissible_actions": None if done else self.admissible_actions(),
         }
         if self.render_mode == "human":
             print(obs)
-        return obs, float(outcome.reward), bool(outcome.terminated), truncated, info
+        return obs, float(outcome.reward), bool(terminated), truncated, info
 
     def render(self):
         if self.render_mode == "ansi":
@@ -223,8 +226,6 @@ class TextEnv(gym.Env[str, str]):
     # ----------------------------------------------------------------- helpers
     def _check_text(self, action: str) -> StepError | None:
         """Generic checks of agent output that hold for every benchmark."""
-        if action.isascii() and action.isprintable() and len(action) <= self.max_action_chars and not action.isspace() and action:
-            return None  # one line of plain text: the common case, decided in C
         if len(action) > self.max_action_chars:
             return StepError(
                 "parse_error",
