@@ -1,0 +1,69 @@
+"""`agentgym-opd train --algo NAME --env ID --student PATH [--teacher PATH] [--config F] [key=value ...]`.
+
+The named flags are shorthands for config keys; free-form ``section.key=value`` overrides come last and
+win. ``--env-arg key=value`` passes a constructor option to the env (e.g. ``num_tasks=2`` to train on a
+few tasks), which the run config has no section for yet; it is recorded in ``env_args.json`` beside the
+config. ``--resume DIR`` continues a run from its latest checkpoint (or a given ``step_<N>`` folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "train a student with a registered algorithm on a registered env"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--algo", default=None, help="registered algorithm (`agentgym-opd algos`)")
+    parser.add_argument("--env", default=None, help="registered env id of the training split, e.g. household/train")
+    parser.add_argument("--student", default=None, help="local model path ('tiny' = the offline tiny model)")
+    parser.add_argument("--teacher", default=None, help="local path of a separate teacher model")
+    parser.add_argument("--config", default=None, help="YAML/JSON run config; flags and overrides apply on top")
+    parser.add_argument("--output-dir", default=None, help="where metrics and checkpoints go (= output_dir=...)")
+    parser.add_argument("--resume", default=None, metavar="DIR", help="resume from a run dir or checkpoint dir")
+    parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="env constructor option (JSON value), for training and evaluation envs")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
+                        help="config overrides, e.g. train.steps=10 train.lr=1e-4 rollout.group_size=4")
+
+
+def _env_args(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env-arg expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentgym_opd.config import ConfigError, run_config_from_cli
+    from agentgym_opd.trainer import Trainer, algorithm_class
+
+    try:
+        algo_cls = algorithm_class(args.algo) if args.algo else None
+        overrides = list(args.overrides) + ([f"output_dir={args.output_dir}"] if args.output_dir else [])
+        config = run_config_from_cli(args.config, overrides, algorithm=args.algo, env=args.env,
+                                     student=args.student, teacher=args.teacher,
+                                     algo_config_cls=algo_cls.Config if algo_cls else None)
+        env_args = _env_args(args.env_arg)
+        trainer = Trainer(config, env_overrides=env_args, progress=not args.no_progress)
+    except (ConfigError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    Path(config.output_dir).mkdir(parents=True, exist_ok=True)
+    (Path(config.output_dir) / "env_args.json").write_text(json.dumps(env_args, indent=2) + "\n")
+    if args.resume:
+        trainer.resume(args.resume)
+    last = trainer.train()
+    summary = {k: v for k, v in last.items() if isinstance(v, (int, float))}
+    print(json.dumps({"step": trainer.step, "output_dir": str(config.output_dir), **summary}))
+    return 0

@@ -1,0 +1,248 @@
+"""The training loop every algorithm runs through: sample tasks, roll out, update, log, evaluate, checkpoint.
+
+One step:
+1. draw ``rollout.tasks_per_step`` task ids of the training split with the run's seeded RNG
+   (``random.Random(config.seed)``, its state checkpointed);
+2. the algorithm collects its batch (default: the current student's rollouts, G per task when
+   ``algorithm.needs_groups``; rollout seeds are a pure function of (run seed, step), so a resumed run
+   samples the very tokens an uninterrupted one would);
+3. ``algorithm.update(batch)``;
+4. one JSONL line of metrics (loss parts, reward, success, turns, tokens/s) and the progress bar;
+5. every ``eval.every`` steps: greedy success rate on the held-out split (``eval.env``, default the training
+   env), over its first ``eval.episodes`` task ids in stable order, so evaluations are comparable;
+6. every ``train.checkpoint_every`` steps and at the end: a checkpoint.
+
+Checkpoint layout (``<output_dir>/checkpoints/step_<N>/``): ``model/`` (``save_pretrained`` of the student
+and its tokenizer: a LoRA student saves its adapter), ``trainer_state.pt`` (trainable weights, optimiser and
+algorithm state, RNG states, step), ``config.yaml`` (the full run config). Resuming loads the student from
+``model.student`` as configured, then the trainable weights from the checkpoint, so full fine-tunes and LoRA
+resume the same way. ``metrics.jsonl`` lines past the resumed step are dropped, so the file reads like one
+uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from agentgym_opd.algorithm import Algorithm
+from agentgym_opd.config import RunConfig, save_config
+from agentgym_opd.policy.base import SamplingParams
+from agentgym_opd.registry import algorithm_registry, load_entry_point, make
+from agentgym_opd.rollout import RolloutBatch, RolloutEngine
+
+DEFAULT_SYSTEM_PROMPT = "You are an agent in a text environment. Reply with exactly one action per turn."
+TINY_STUDENT = "tiny"  # `--student tiny`: the offline tiny model (built once into the cache)
+
+
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The registered algorithm class of ``name`` (its ``Config`` validates the run's ``algo`` section)."""
+    cls = load_entry_point(algorithm_registry.spec(name).entry_point)
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise TypeError(f"algorithm {name!r} resolves to {cls!r}, which is not an agentgym_opd.algorithm.Algorithm")
+    return cls
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def load_policy(path: str | None, config: RunConfig, *, trainable: bool) -> Any:
+    """An HFPolicy from a local path (``"tiny"`` = the offline tiny model); LoRA on the student if configured."""
+    from agentgym_opd.policy.hf import HFPolicy, LoraConfig
+
+    if not path:
+        raise ValueError("no student model: pass --student PATH (or model.student=PATH; 'tiny' for the offline tiny model)")
+    if path == TINY_STUDENT:
+        from agentgym_opd.policy.tiny import default_tiny_model
+
+        path = str(default_tiny_model())
+    m = config.model
+    lora = LoraConfig(r=m.lora_rank, alpha=int(m.lora_alpha), dropout=m.lora_dropout) if trainable and m.lora_rank > 0 else None
+    kwargs = {"gguf_file": m.gguf_file} if m.gguf_file else {}
+    policy = HFPolicy.from_pretrained(path, dtype=m.dtype, lora=lora, device=resolve_device(m.device), **kwargs)
+    if not trainable:
+        policy.model.requires_grad_(False)
+    return policy
+
+
+def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """Outcome statistics of the episodes one update trained on."""
+    eps = batch.episodes
+    n = max(len(eps), 1)
+    return {"reward": sum(e.return_ for e in eps) / n, "success": sum(e.success for e in eps) / n,
+            "turns": sum(e.num_turns for e in eps) / n,
+            "error_rate": sum(len(e.errors()) for e in eps) / max(sum(e.num_turns for e in eps), 1),
+            "agent_tokens": float(batch.num_agent_tokens), "tokens": float(batch.attention_mask.sum())}
+
+
+class Trainer:
+    """Runs one configured training run (see the module docstring); ``train()`` returns the last metrics."""
+
+    def __init__(self, config: RunConfig, *, env_overrides: dict[str, Any] | None = None,
+                 eval_env_overrides: dict[str, Any] | None = None, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
+                 action_parser: Any = "text", progress: bool = True):
+        if not config.algorithm:
+            raise ValueError("no algorithm: pass --algo NAME (`agentgym-opd algos` lists them)")
+        if not config.env:
+            raise ValueError("no environment: pass --env ID (`agentgym-opd envs` lists them)")
+        self.algo_cls = algorithm_class(config.algorithm)
+        algo_config = config.algo_config(self.algo_cls.Config)
+        if self.algo_cls.needs_groups and config.rollout.group_size < 2:
+            raise ValueError(f"{config.algorithm} compares rollouts within a group: set rollout.group_size >= 2")
+        self.config = config
+        self.output_dir = Path(config.output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.progress = progress
+        self.env_overrides = {"max_turns": config.rollout.max_turns, **(env_overrides or {})}
+        self.eval_env_overrides = {"max_turns": config.rollout.max_turns, **(eval_env_overrides or env_overrides or {})}
+        torch.manual_seed(config.seed)
+        self.student = load_policy(config.model.student, config, trainable=True)
+        self.teacher = load_policy(config.model.teacher, config, trainable=False) if config.model.teacher else None
+        t = config.train
+        params = [p for p in self.student.model.parameters() if p.requires_grad]
+        if t.optimizer == "adamw":
+            optimizer: torch.optim.Optimizer = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+        else:
+            optimizer = torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay)
+        self.algorithm = self.algo_cls(algo_config, self.student, self.teacher, optimizer=optimizer,
+                                       grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, (s + 1) / t.warmup_steps) if t.warmup_steps else 1.0)
+        r = config.rollout
+        self.engine = RolloutEngine(
+            self.student, SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p),
+            max_context_tokens=config.model.max_seq_len, system_prompt=system_prompt, action_parser=action_parser)
+        self.eval_engine = RolloutEngine(
+            self.student, SamplingParams(max_new_tokens=r.max_new_tokens, temperature=config.eval.temperature),
+            max_context_tokens=config.model.max_seq_len, system_prompt=system_prompt, action_parser=action_parser)
+        self.group_size = r.group_size if self.algo_cls.needs_groups else 1
+        self.envs = [make(config.env, **self.env_overrides) for _ in range(r.tasks_per_step * self.group_size)]
+        self.task_ids = self.envs[0].task_ids()
+        if not self.task_ids:
+            raise ValueError(f"env {config.env} has no tasks")
+        self.task_rng = random.Random(config.seed)
+        self.step = 0
+        self.last_eval: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ the loop
+    def train(self, steps: int | None = None) -> dict[str, float]:
+        """Run until ``train.steps`` updates are done (or ``steps`` more, to stop early on purpose)."""
+        target = self.config.train.steps if steps is None else min(self.config.train.steps, self.step + steps)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        save_config(self.config, self.output_dir / "config.yaml")
+        last: dict[str, float] = {}
+        bar = tqdm(total=self.config.train.steps, initial=self.step, disable=not self.progress, desc=self.config.algorithm)
+        with bar:
+            while self.step < target:
+                last = self.train_step()
+                bar.update(1)
+                bar.set_postfix({k: f"{last[k]:.3g}" for k in ("loss", "reward", "success") if k in last})
+                every = self.config.train.checkpoint_every
+                if every and self.step % every == 0 and self.step < self.config.train.steps:
+                    self.save_checkpoint()
+        if self.step >= self.config.train.steps:
+            self.save_checkpoint()
+        return last
+
+    def train_step(self) -> dict[str, float]:
+        r = self.config.rollout
+        tasks = [self.task_rng.choice(self.task_ids) for _ in range(r.tasks_per_step)]
+        rollout_seed = self.config.seed * 1_000_000_007 + self.step * r.tasks_per_step * self.group_size
+        started = time.perf_counter()
+        batch = self.algorithm.collect(self.engine, self.envs, tasks, group_size=self.group_size, seed=rollout_seed)
+        rollout_s = time.perf_counter() - started
+        started = time.perf_counter()
+        metrics = self.algorithm.update(batch)
+        self.scheduler.step()
+        update_s = time.perf_counter() - started
+        self.step += 1
+        stats = batch_metrics(batch)
+        record = {"step": self.step, **metrics, **stats, "lr": self.scheduler.get_last_lr()[0],
+                  "rollout_s": rollout_s, "update_s": update_s,
+                  "rollout_tokens_per_s": stats["agent_tokens"] / max(rollout_s, 1e-9),
+                  "train_tokens_per_s": stats["tokens"] / max(update_s, 1e-9)}
+        every = self.config.eval.every
+        if every and self.step % every == 0:
+            record.update({f"eval/{k}": v for k, v in self.evaluate().items()})
+        self._log(record)
+        return record
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy (``eval.temperature``) success rate on the eval env's first ``eval.episodes`` tasks."""
+        env_id = self.config.eval.env or self.config.env
+        env = make(env_id, **self.eval_env_overrides)
+        tasks = env.task_ids()[: self.config.eval.episodes]
+        envs = [env] + [make(env_id, **self.eval_env_overrides) for _ in tasks[1:]]
+        batch = self.eval_engine.collect(envs, tasks, seed=self.config.eval.seed)
+        n = len(batch.episodes)
+        self.last_eval = {"success": sum(e.success for e in batch.episodes) / n,
+                          "score": sum(e.score for e in batch.episodes) / n,
+                          "turns": sum(e.num_turns for e in batch.episodes) / n, "episodes": float(n)}
+        return self.last_eval
+
+    def _log(self, record: dict[str, Any]) -> None:
+        with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_dir(self, step: int | None = None) -> Path:
+        return self.output_dir / "checkpoints" / f"step_{self.step if step is None else step}"
+
+    def save_checkpoint(self) -> Path:
+        path = self.checkpoint_dir()
+        path.mkdir(parents=True, exist_ok=True)
+        self.student.model.save_pretrained(path / "model")
+        self.student.tokenizer.save_pretrained(path / "model")
+        trainable = {n: p.detach().cpu().clone() for n, p in self.student.model.named_parameters() if p.requires_grad}
+        state = {"step": self.step, "trainable": trainable, "algorithm": self.algorithm.state_dict(),
+                 "scheduler": self.scheduler.state_dict(), "task_rng": self.task_rng.getstate(),
+                 "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
+                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+        torch.save(state, path / "trainer_state.pt")
+        save_config(self.config, path / "config.yaml")
+        (self.output_dir / "checkpoints" / "latest").write_text(path.name, encoding="utf-8")
+        return path
+
+    def resume(self, checkpoint: str | Path) -> None:
+        """Restore weights, optimiser, RNGs and step from a checkpoint dir (or a run dir: its latest one)."""
+        path = Path(checkpoint)
+        latest = path / "checkpoints" / "latest"
+        if latest.is_file():
+            path = path / "checkpoints" / latest.read_text(encoding="utf-8").strip()
+        state_file = path / "trainer_state.pt"
+        if not state_file.is_file():
+            raise FileNotFoundError(f"no checkpoint at {path} (expected {state_file})")
+        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        named = dict(self.student.model.named_parameters())
+        missing = sorted(set(state["trainable"]) - set(named))
+        if missing:
+            raise ValueError(f"checkpoint {path} does not fit this student: unknown parameters {missing[:3]}")
+        with torch.no_grad():
+            for name, value in state["trainable"].items():
+                named[name].copy_(value.to(named[name].device))
+        self.algorithm.load_state_dict(state["algorithm"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.task_rng.setstate(state["task_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self.step = int(state["step"])
+        self._truncate_metrics()
+
+    def _truncate_metrics(self) -> None:
+        path = self.output_dir / "metrics.jsonl"
+        if not path.is_file():
+            return
+        kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= self.step]
+        path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")

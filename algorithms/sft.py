@@ -1,0 +1,124 @@
+"""SFT: behaviour cloning on the expert walkthroughs in ``task.privileged["walkthrough"]``.
+
+Teacher: none. Signal: cross-entropy on the expert's action tokens, agent tokens only.
+
+Where the data comes from, and why this way: the expert episode is *played* through the same
+:class:`~agentgym_opd.rollout.RolloutEngine` the student's rollouts use, by a scripted policy whose
+``generate`` returns the next walkthrough action, tokenised, plus the end-of-turn token. So the training
+sequence has exactly the chat-template bookkeeping, loss mask and turn index of an on-policy rollout
+(observations come from the real env, not from a stored transcript): what the student learns to say
+is what it will later be asked to say, token for token, and a distillation method warm-started from
+SFT sees no template shift. A task without a walkthrough is an error that names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from agentgym_opd.algorithm import Algorithm, sequence_logprobs
+from agentgym_opd.config import constrained
+from agentgym_opd.losses import aggregate_token_loss
+from agentgym_opd.policy.base import Generation, SamplingParams
+from agentgym_opd.policy.chat import end_of_turn_text
+from agentgym_opd.rollout import RolloutBatch, RolloutEngine
+
+
+@dataclass
+class SFTConfig:
+    """Knobs of behaviour cloning."""
+
+    aggregation: str = constrained("token_mean", choices=("token_mean", "seq_mean_token_mean"),
+                                   help="how per-token cross-entropy is averaged over the batch")
+
+
+class ScriptedPolicy:
+    """A Policy that says a fixed list of actions, one per turn, for ONE episode at a time.
+
+    One episode per engine call keeps the mapping "prompt -> which script" trivial (the engine batches
+    the live episodes, and prompts carry no episode id). Log-probs are 0: they are never used, SFT
+    re-scores the tokens with the student.
+    """
+
+    def __init__(self, student: Any, actions: Sequence[str]):
+        self.student = student
+        self.tokenizer = student.tokenizer
+        self.stop_token_ids = list(getattr(student, "stop_token_ids", []))
+        self.actions = list(actions)
+        self.turn = 0
+        eot = self.tokenizer.encode(end_of_turn_text(self.tokenizer), add_special_tokens=False)
+        self.end_of_turn = [eot[0]] if eot and eot[0] in self.stop_token_ids else []
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        return self.student.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: Any = None) -> list[Generation]:
+        if len(prompts) != 1:
+            raise ValueError("ScriptedPolicy plays one episode at a time")
+        if self.turn >= len(self.actions):
+            raise RuntimeError(f"walkthrough of {len(self.actions)} actions ran out before the episode ended")
+        action = self.actions[self.turn]
+        self.turn += 1
+        ids = list(self.tokenizer.encode(action, add_special_tokens=False)) + self.end_of_turn
+        return [Generation(action, ids, [0.0] * len(ids), "stop")]
+
+
+def expert_batch(student: Any, env: Any, task_ids: Sequence[str], *, engine_template: RolloutEngine,
+                 seed: int = 0) -> RolloutBatch:
+    """Teacher-force each task's walkthrough through the rollout engine; one padded batch of expert episodes."""
+    batches = []
+    for k, task_id in enumerate(task_ids):
+        walkthrough = env.get_task(task_id).privileged.get("walkthrough")
+        if not walkthrough:
+            raise ValueError(f"task {task_id!r} of {env.env_id} has no privileged['walkthrough']: SFT needs expert actions")
+        longest = max(len(engine_template.policy.tokenizer.encode(a, add_special_tokens=False)) for a in walkthrough)
+        engine = RolloutEngine(ScriptedPolicy(student, walkthrough),
+                               SamplingParams(max_new_tokens=max(longest + 1, 2)),
+                               max_context_tokens=engine_template.max_context_tokens,
+                               system_prompt=engine_template.system_prompt, action_parser=engine_template.parse)
+        batches.append(engine.collect([env], [task_id], seed=seed + k))
+    return concat_batches(batches, pad_id=int(getattr(student.tokenizer, "pad_token_id", 0) or 0))
+
+
+def concat_batches(batches: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """Stack single-episode batches into one right-padded batch (group ids renumbered per source batch)."""
+    width = max(b.input_ids.shape[1] for b in batches)
+
+    def pad(t: torch.Tensor, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    offsets, groups, shift = [], [], 0
+    for b in batches:
+        groups.append(b.group_ids + shift)
+        shift += int(b.group_ids.max()) + 1
+    return RolloutBatch(
+        episodes=[e for b in batches for e in b.episodes],
+        input_ids=torch.cat([pad(b.input_ids, pad_id) for b in batches]),
+        attention_mask=torch.cat([pad(b.attention_mask, 0) for b in batches]),
+        loss_mask=torch.cat([pad(b.loss_mask, 0) for b in batches]),
+        turn_index=torch.cat([pad(b.turn_index, -1) for b in batches]),
+        behaviour_logprobs=torch.cat([pad(b.behaviour_logprobs, 0.0) for b in batches]),
+        group_ids=torch.cat(groups),
+        rewards=torch.cat([b.rewards for b in batches]),
+    )
+
+
+class SFT(Algorithm):
+    """Behaviour cloning: cross-entropy on expert walkthrough actions (warm start and baseline)."""
+
+    Config = SFTConfig
+    needs_groups = False
+
+    def collect(self, engine: RolloutEngine, envs: Sequence[Any], tasks: Sequence[str], *, group_size: int,
+                seed: int) -> RolloutBatch:
+        """Expert episodes of the sampled tasks (one per task: a walkthrough is deterministic, so G is moot)."""
+        return expert_batch(self.student, envs[0], tasks, engine_template=engine, seed=seed)
+
+    def compute_loss(self, batch: RolloutBatch, rows: slice) -> tuple[torch.Tensor, dict[str, float]]:
+        logp, mask = sequence_logprobs(self.model, batch, rows)
+        nll = aggregate_token_loss(-logp, mask, self.config.aggregation)  # type: ignore[arg-type]
+        per_episode = (logp.detach() * mask).sum(dim=1)
+        return nll, {"nll": float(nll.detach()), "expert_logprob_per_episode": float(per_episode.mean()),
+                     "expert_tokens": float(mask.sum())}
