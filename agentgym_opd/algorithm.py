@@ -31,12 +31,13 @@ class AlgorithmConfig:
     """No knobs: the base of every algorithm's config dataclass."""
 
 
-def sequence_logprobs(model: Any, batch: RolloutBatch, rows: Sequence[int] | slice) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of every next token of the given rows under ``model``, plus the loss mask aligned to them.
+def sequence_logits(model: Any, batch: RolloutBatch, rows: Sequence[int] | slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Next-token logits of the given rows under ``model``, their sampled-token log-probs, and the loss mask.
 
-    Returns ``(logp [b, T-1], mask [b, T-1])``: position t holds log p(ids[t+1] | ids[:t+1]), and the mask
-    is 1 exactly where ids[t+1] is an agent-generated token. The shift lives here, once, because getting
-    it wrong by one token is the classic silent bug of token-level losses.
+    Returns ``(logits [b, T-1, V], logp [b, T-1], mask [b, T-1])``: position t holds the distribution of
+    ids[t+1] given ids[:t+1], and the mask is 1 exactly where ids[t+1] is an agent-generated token. The
+    shift lives here, once, because getting it wrong by one token is the classic silent bug of token-level
+    losses. ``T`` is the longest real sequence of these rows (all-padding columns are dropped).
     """
     from agentgym_opd.losses import token_logprobs
 
@@ -45,9 +46,15 @@ def sequence_logprobs(model: Any, batch: RolloutBatch, rows: Sequence[int] | sli
     attention = batch.attention_mask[rows].to(device)
     width = int(attention.sum(dim=1).max())  # drop all-padding columns of this micro-batch
     ids, attention = ids[:, :width], attention[:, :width]
-    logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()
-    logp = token_logprobs(logits[:, :-1], ids[:, 1:])
+    logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()[:, :-1]
+    logp = token_logprobs(logits, ids[:, 1:])
     mask = batch.loss_mask[rows][:, 1:width].to(device).float()
+    return logits, logp, mask
+
+
+def sequence_logprobs(model: Any, batch: RolloutBatch, rows: Sequence[int] | slice) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logp [b, T-1], mask [b, T-1])`` of :func:`sequence_logits`, for losses that need no full vocabulary."""
+    _, logp, mask = sequence_logits(model, batch, rows)
     return logp, mask
 
 
@@ -90,6 +97,9 @@ class Algorithm:
         """The batch one update trains on. Default: the current student's own rollouts (on-policy)."""
         return engine.collect(envs, tasks, group_size=group_size, seed=seed)
 
+    def after_update(self) -> None:
+        """Called after each optimiser step (an EMA teacher moves here)."""
+
     def extra_state(self) -> dict[str, Any]:
         """Algorithm state beyond the optimiser that a resume needs (an EMA teacher, a dual variable)."""
         return {}
@@ -129,6 +139,7 @@ class Algorithm:
         if self.grad_clip is not None:
             sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.grad_clip))
         self.optimizer.step()
+        self.after_update()
         self.model.eval()
         return sums
 

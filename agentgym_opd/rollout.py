@@ -98,11 +98,14 @@ class RolloutEngine:
         reset_seeds: Sequence[int] | None = None,
         group_size: int = 1,
         seed: int = 0,
+        contexts: Sequence[str | None] | None = None,
         **env_overrides: Any,
     ) -> RolloutBatch:
         """Run G rollouts for each task (task ids via `tasks`, or env-chosen tasks via `reset_seeds`).
 
-        `envs` is an env id (envs are made here) or a list of len(tasks) * G envs to use.
+        `envs` is an env id (envs are made here) or a list of len(tasks) * G envs to use. `contexts` (one per
+        task, or None) is extra text appended to the first user message, e.g. privileged context for a
+        warm start that teaches a network to read it; see `agentgym_opd.distill.with_context`.
         """
         if (tasks is None) == (reset_seeds is None):
             raise ValueError("collect needs exactly one of tasks=[task ids] or reset_seeds=[ints]")
@@ -120,7 +123,11 @@ class RolloutEngine:
             resets = vec.reset(seeds=[seed + k for k in range(n)], options=[{"task_id": keys[g]} for g in groups])
         else:
             resets = vec.reset(seeds=[int(keys[g]) for g in groups])
-        lives = [self._start(k, seed + k, obs, info, groups[k], vec.envs[k]) for k, (obs, info) in enumerate(resets)]
+        if contexts is not None and len(contexts) != len(keys):
+            raise ValueError(f"collect: {len(contexts)} contexts for {len(keys)} tasks")
+        lives = [self._start(k, seed + k, obs, info, groups[k], vec.envs[k],
+                             contexts[groups[k]] if contexts is not None else None)
+                 for k, (obs, info) in enumerate(resets)]
         turn = 0
         while True:
             running = [lv for lv in lives if not lv.done]
@@ -131,13 +138,15 @@ class RolloutEngine:
         return self._batch(lives)
 
     # ------------------------------------------------------------------ internals
-    def _start(self, k: int, rollout_seed: int, obs: str, info: dict, group: int, env: TextEnv) -> _Live:
+    def _start(self, k: int, rollout_seed: int, obs: str, info: dict, group: int, env: TextEnv,
+               context: str | None = None) -> _Live:
         messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
-        messages.append({"role": "user", "content": obs})
+        messages.append({"role": "user", "content": obs if not context else f"{obs}\n\n{context}"})
         ids = self.policy.apply_chat_template(messages, add_generation_prompt=True)
         episode = Episode(task=info["task"], initial_observation=obs,
                           metadata={"rollout_seed": rollout_seed, "group": group, "context_truncated": False,
-                                    "max_turns": env.max_turns})
+                                    "max_turns": env.max_turns, "prompt_length": len(ids),
+                                    "first_prompt": [dict(m) for m in messages]})
         live = _Live(episode, k, rollout_seed, messages, list(ids), [0] * len(ids), [-1] * len(ids), [0.0] * len(ids))
         if len(ids) + self.sampling.max_new_tokens > self.max_context_tokens:
             live.done = True

@@ -13,6 +13,7 @@ SFT sees no template shift. A task without a walkthrough is an error that names 
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -20,6 +21,7 @@ import torch
 
 from agentgym_opd.algorithm import Algorithm, sequence_logprobs
 from agentgym_opd.config import constrained
+from agentgym_opd.distill import privileged_text
 from agentgym_opd.losses import aggregate_token_loss
 from agentgym_opd.policy.base import Generation, SamplingParams
 from agentgym_opd.policy.chat import end_of_turn_text
@@ -32,6 +34,9 @@ class SFTConfig:
 
     aggregation: str = constrained("token_mean", choices=("token_mean", "seq_mean_token_mean"),
                                    help="how per-token cross-entropy is averaged over the batch")
+    context_fraction: float = constrained(0.0, ge=0, le=1, help=(
+        "share of expert episodes shown WITH the task's privileged context in the first prompt: a warm start "
+        "that teaches the network to read a context block, which self-teachers (opsd, sdpo) rely on"))
 
 
 class ScriptedPolicy:
@@ -66,11 +71,18 @@ class ScriptedPolicy:
 
 
 def expert_batch(student: Any, env: Any, task_ids: Sequence[str], *, engine_template: RolloutEngine,
-                 seed: int = 0) -> RolloutBatch:
-    """Teacher-force each task's walkthrough through the rollout engine; one padded batch of expert episodes."""
+                 seed: int = 0, context_fraction: float = 0.0) -> RolloutBatch:
+    """Teacher-force each task's walkthrough through the rollout engine; one padded batch of expert episodes.
+
+    With ``context_fraction > 0`` that share of episodes (chosen by a RNG seeded with ``seed``) shows the
+    task's privileged context after the first observation, as a self-teacher will see it.
+    """
     batches = []
+    rng = random.Random(seed)
     for k, task_id in enumerate(task_ids):
-        walkthrough = env.get_task(task_id).privileged.get("walkthrough")
+        task = env.get_task(task_id)
+        context = privileged_text(task) if context_fraction > 0 and rng.random() < context_fraction else None
+        walkthrough = task.privileged.get("walkthrough")
         if not walkthrough:
             raise ValueError(f"task {task_id!r} of {env.env_id} has no privileged['walkthrough']: SFT needs expert actions")
         longest = max(len(engine_template.policy.tokenizer.encode(a, add_special_tokens=False)) for a in walkthrough)
@@ -78,7 +90,7 @@ def expert_batch(student: Any, env: Any, task_ids: Sequence[str], *, engine_temp
                                SamplingParams(max_new_tokens=max(longest + 1, 2)),
                                max_context_tokens=engine_template.max_context_tokens,
                                system_prompt=engine_template.system_prompt, action_parser=engine_template.parse)
-        batches.append(engine.collect([env], [task_id], seed=seed + k))
+        batches.append(engine.collect([env], [task_id], seed=seed + k, contexts=[context]))
     return concat_batches(batches, pad_id=int(getattr(student.tokenizer, "pad_token_id", 0) or 0))
 
 
@@ -114,7 +126,8 @@ class SFT(Algorithm):
     def collect(self, engine: RolloutEngine, envs: Sequence[Any], tasks: Sequence[str], *, group_size: int,
                 seed: int) -> RolloutBatch:
         """Expert episodes of the sampled tasks (one per task: a walkthrough is deterministic, so G is moot)."""
-        return expert_batch(self.student, envs[0], tasks, engine_template=engine, seed=seed)
+        return expert_batch(self.student, envs[0], tasks, engine_template=engine, seed=seed,
+                            context_fraction=self.config.context_fraction)
 
     def compute_loss(self, batch: RolloutBatch, rows: slice) -> tuple[torch.Tensor, dict[str, float]]:
         logp, mask = sequence_logprobs(self.model, batch, rows)
