@@ -67,7 +67,7 @@ class Algorithm:
 
     def __init__(self, config: Any, student: Any, teacher: Any = None, *,
                  optimizer: torch.optim.Optimizer | None = None, grad_clip: float | None = 1.0,
-                 micro_batch_size: int = 8):
+                 micro_batch_size: int = 8, work_dir: str | None = None):
         if config is None:
             config = self.Config()
         elif isinstance(config, dict):
@@ -85,6 +85,7 @@ class Algorithm:
         self.teacher = teacher
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size
+        self.work_dir = work_dir  # the run's output folder, for state an algorithm keeps on disk (e.g. a bank)
         self.optimizer = optimizer or torch.optim.AdamW(self.trainable_parameters(), lr=1e-5)
 
     # ------------------------------------------------------------------ what subclasses write

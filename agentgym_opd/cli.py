@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_envs)
 
-    p = sub.add_parser("algos", help="list registered algorithms")
+    p = sub.add_parser("algos", aliases=["algorithms"], help="list registered algorithms")
     p.set_defaults(func=_cmd_algos)
 
     p = sub.add_parser("play", help="play an environment in the terminal")
@@ -126,7 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from agentgym_opd.data import DataNotFoundError
     from agentgym_opd.registry import UnknownIdError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # `section.key=value` overrides may sit between flags (argparse stops a positional list at the first flag)
+    if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides = list(args.overrides or []) + extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except (UnknownIdError, UnknownTaskError, DataNotFoundError) as err:

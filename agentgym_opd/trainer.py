@@ -114,7 +114,8 @@ class Trainer:
         else:
             optimizer = torch.optim.SGD(params, lr=t.lr, weight_decay=t.weight_decay)
         self.algorithm = self.algo_cls(algo_config, self.student, self.teacher, optimizer=optimizer,
-                                       grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size)
+                                       grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size,
+                                       work_dir=str(self.output_dir))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / t.warmup_steps) if t.warmup_steps else 1.0)
         r = config.rollout
