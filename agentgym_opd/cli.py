@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from agentgym_opd.core import UnknownTaskError
     from agentgym_opd.data import DataNotFoundError
-    from agentgym_opd.registry import UnknownIdError
+    from agentgym_opd.registry import BadArgumentsError, UnknownIdError
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
-    except (UnknownIdError, UnknownTaskError, DataNotFoundError) as err:
+    except (UnknownIdError, BadArgumentsError, UnknownTaskError, DataNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)  # user input errors: the message says what to do, no traceback
         return 2
 

@@ -15,6 +15,7 @@ bare env: `TextEnv` already enforces reset-before-step and its own turn limit.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import difflib
 import importlib
 import logging
@@ -29,6 +30,26 @@ logger = logging.getLogger(__name__)
 
 ENV_GROUP = "agentgym_opd.environments"
 ALGO_GROUP = "agentgym_opd.algorithms"
+
+
+class BadArgumentsError(TypeError):
+    """``make(id, **kwargs)`` with a keyword the entry point does not take; the message lists what it takes."""
+
+
+def accepted_arguments(factory: Any) -> str:
+    """The keyword names of ``factory`` and of the ``__init__``s its ``**kwargs`` flow into (for error messages)."""
+    names: list[str] = []
+    targets = [c.__init__ for c in factory.__mro__ if "__init__" in vars(c)] if isinstance(factory, type) else [factory]
+    for target in targets:
+        try:
+            params = inspect.signature(target).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                  and p.name not in ("self", "env_id") and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return ", ".join(names) or "no keyword arguments"
 
 
 class UnknownIdError(KeyError):
@@ -142,7 +163,14 @@ class Registry:
         spec = self.spec(id)
         factory = load_entry_point(spec.entry_point)
         kwargs = {**spec.defaults, **overrides}
-        return factory(**kwargs)
+        try:
+            return factory(**kwargs)
+        except TypeError as err:
+            if "unexpected keyword argument" not in str(err):
+                raise
+            raise BadArgumentsError(f"{self.kind} {id!r} rejected its arguments ({err}); it accepts: "
+                                    f"{accepted_arguments(factory)}. Drop or rename the argument "
+                                    f"(e.g. the --env-arg)") from err
 
     def __contains__(self, id: str) -> bool:
         self.discover()

@@ -23,6 +23,7 @@ uninterrupted run.
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -208,9 +209,12 @@ class Trainer:
                  "scheduler": self.scheduler.state_dict(), "task_rng": self.task_rng.getstate(),
                  "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
                  "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-        torch.save(state, path / "trainer_state.pt")
+        torch.save(state, path / "trainer_state.tmp")
+        os.replace(path / "trainer_state.tmp", path / "trainer_state.pt")  # a kill mid-save leaves no half file
         save_config(self.config, path / "config.yaml")
-        (self.output_dir / "checkpoints" / "latest").write_text(path.name, encoding="utf-8")
+        latest = self.output_dir / "checkpoints" / "latest"
+        latest.with_suffix(".tmp").write_text(path.name, encoding="utf-8")
+        os.replace(latest.with_suffix(".tmp"), latest)  # `latest` moves only once the checkpoint is whole
         return path
 
     def resume(self, checkpoint: str | Path) -> None:

@@ -129,3 +129,13 @@ def test_third_party_plugin_is_discovered_through_entry_points(tmp_path):
     assert result["reward"] == 1.0 and result["terminated"] is True and result["lr"] == 0.5
     assert "echo_algo" in result["algos"]
     assert "myplugin/echo" in result["err"]
+
+
+def test_an_argument_the_env_does_not_take_is_a_clear_error_listing_what_it_takes():
+    from agentgym_opd.registry import BadArgumentsError
+
+    with pytest.raises(BadArgumentsError) as info:
+        make("household/train", num_taks=3)
+    message = str(info.value)
+    assert "'household/train'" in message and "num_taks" in message
+    assert "num_tasks" in message.split("it accepts:")[1]  # the right spelling is offered
