@@ -1,4 +1,10 @@
-"""`agentgym-opd eval --policy NAME_OR_PATH --env ID [--episodes N --seed S --out FILE]`."""
+"""`agentgym-opd eval --policy NAME_OR_PATH --env ID [--episodes N] [--seeds S ...] [--out FILE] ...`.
+
+`--policy` is a scripted agent (`walkthrough`, `random`; `evaluation.runner`) or a model: `tiny`, a local
+HF folder, a trainer checkpoint or a run folder (`evaluation.policy_eval`). Both write the same record,
+one per seed. Bad input (a path that is no model, an unknown env id, an env with no tasks, impossible
+settings) prints one `error:` line and exits with code 2, without a traceback.
+"""
 
 from __future__ import annotations
 
@@ -14,33 +20,107 @@ HELP = "evaluate a policy on a registered env split and write a result record"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", required=True,
-                        help=f"a scripted agent ({', '.join(sorted(SCRIPTED_AGENTS))}) or a model path")
+                        help=f"a scripted agent ({', '.join(sorted(SCRIPTED_AGENTS))}) or a model: 'tiny', a local "
+                             "HF model folder, a trainer checkpoint (<run>/checkpoints/step_N) or a run folder")
     parser.add_argument("--env", required=True, help="registered env id, e.g. household/valid_unseen")
     parser.add_argument("--episodes", type=int, default=None, help="tasks to evaluate (default: the whole split)")
-    parser.add_argument("--samples", type=int, default=1, help="samples per task (pass@k needs k or more)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=1,
+                        help="samples per task, K (pass@k needs k or more; models need --temperature > 0 for K > 1)")
+    seeds = parser.add_mutually_exclusive_group()
+    seeds.add_argument("--seeds", type=int, nargs="+", default=None, help="one record per seed (default: 0)")
+    seeds.add_argument("--seed", type=int, default=None, help="a single seed (same as --seeds S)")
+    parser.add_argument("--num-envs", type=int, default=None,
+                        help="envs stepped side by side (default: 8 for scripted agents, 32 for models)")
     parser.add_argument("--executor", choices=["local", "ray"], default="local",
-                        help="where the envs run: in this process, or one per Ray actor")
-    parser.add_argument("--out", default=None, help="write the record here (default: print it)")
+                        help="where the envs run for scripted agents: in this process, or one per Ray actor")
+    parser.add_argument("--max-turns", type=int, default=None, help="turn limit per episode (default: the env's)")
+    parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="env constructor option (JSON value), e.g. num_tasks=4")
+    model = parser.add_argument_group("model policies")
+    model.add_argument("--backend", choices=["hf", "vllm"], default="hf", help="generation backend")
+    model.add_argument("--temperature", type=float, default=0.0, help="0 = greedy decoding (default)")
+    model.add_argument("--top-p", type=float, default=1.0)
+    model.add_argument("--max-new-tokens", type=int, default=128, help="tokens per agent turn")
+    model.add_argument("--max-context-tokens", type=int, default=None,
+                       help="prompt + history budget (default: the checkpoint's model.max_seq_len, else 2048)")
+    model.add_argument("--action-parser", default="text", help="'text', 'json' or module:function")
+    model.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', ... (HF backend)")
+    model.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                       help="weights dtype (default: the checkpoint's, else float32)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--out", default=None,
+                        help="write the record here (several seeds: FILE.seed<S>.json each); default: print it")
+
+
+def _env_args(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--env-arg expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _records(args: argparse.Namespace, seeds: list[int], env_kwargs: dict) -> list[dict]:
+    if args.policy in SCRIPTED_AGENTS:
+        from evaluation.runner import evaluate_scripted
+
+        if args.max_turns is not None:
+            env_kwargs["max_turns"] = args.max_turns
+        return [evaluate_scripted(args.env, args.policy, episodes=args.episodes, samples_per_task=args.samples,
+                                  seed=seed, num_envs=args.num_envs or 8, executor=args.executor,
+                                  progress=not args.no_progress, **env_kwargs) for seed in seeds]
+    from evaluation.policy_eval import EvalSetupError, evaluate_policy
+
+    if args.executor != "local":
+        raise EvalSetupError("--executor ray is for scripted agents; model policies step in-process envs "
+                             "through the rollout engine")
+    return evaluate_policy(args.env, args.policy, episodes=args.episodes, seeds=seeds, samples=args.samples,
+                           temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                           max_turns=args.max_turns, max_context_tokens=args.max_context_tokens,
+                           action_parser=args.action_parser, backend=args.backend, device=args.device,
+                           dtype=args.dtype, num_envs=args.num_envs or 32, progress=not args.no_progress,
+                           **env_kwargs)
+
+
+def out_paths(out: str, seeds: list[int]) -> list[Path]:
+    """`rec.json` for one seed; `rec.seed0.json`, `rec.seed1.json`, ... for several."""
+    path = Path(out)
+    if len(seeds) == 1:
+        return [path]
+    return [path.with_name(f"{path.stem}.seed{seed}{path.suffix or '.json'}") for seed in seeds]
 
 
 def run(args: argparse.Namespace) -> int:
-    from evaluation.runner import evaluate_scripted
+    from agentgym_opd.core import UnknownTaskError
+    from agentgym_opd.data import DataNotFoundError
+    from agentgym_opd.registry import UnknownIdError
 
-    if args.policy not in SCRIPTED_AGENTS:
-        print(f"error: model policies are evaluated through the policy backends, which this build does not have yet; "
-              f"use one of the scripted agents {sorted(SCRIPTED_AGENTS)}", file=sys.stderr)
+    seeds = args.seeds if args.seeds is not None else [args.seed if args.seed is not None else 0]
+    try:
+        records = _records(args, list(seeds), _env_args(args.env_arg))
+    except (UnknownIdError, UnknownTaskError, DataNotFoundError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)  # bad input: the message says what to do, no traceback
         return 2
-    record = evaluate_scripted(args.env, args.policy, episodes=args.episodes, samples_per_task=args.samples,
-                               seed=args.seed, num_envs=args.num_envs, executor=args.executor)
-    text = json.dumps(record, indent=2)
     if args.out:
-        Path(args.out).write_text(text + "\n")
-        print(f"wrote {args.out}")
+        for path, record in zip(out_paths(args.out, list(seeds)), records):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record, indent=2) + "\n")
+            print(f"wrote {path}")
     else:
-        print(text)
-    width = max(len(k) for k in record["metrics"])
-    for name, m in record["metrics"].items():
-        print(f"{name:<{width}}  {m['mean']:.3f} +- {m['stderr']:.3f}", file=sys.stderr)
+        print(json.dumps(records[0] if len(records) == 1 else records, indent=2))
+    if args.policy not in SCRIPTED_AGENTS:  # the record schema has no field for it yet: say it here
+        print(f"protocol: backend={args.backend} temperature={args.temperature} top_p={args.top_p} "
+              f"samples={args.samples} max_new_tokens={args.max_new_tokens} max_turns={args.max_turns or 'env default'} "
+              f"action_parser={args.action_parser}", file=sys.stderr)
+    for record in records:
+        print(f"== {record['env_id']}  {record['algorithm']} / {record['student']}  seed {record['seed']}  "
+              f"n={record['n_episodes']}  {record['wall_time_s']:.1f}s", file=sys.stderr)
+        width = max(len(k) for k in record["metrics"])
+        for name, m in record["metrics"].items():
+            print(f"{name:<{width}}  {m['mean']:.3f} +- {m['stderr']:.3f}", file=sys.stderr)
     return 0

@@ -4,7 +4,8 @@ Which tasks: the split's task ids in their stable order; with `episodes` below t
 spaced subset (ids[i * n // episodes]), so every run of every algorithm sees the same tasks and the
 sample spreads over task types that generators lay out in order. `samples_per_task` > 1 repeats each
 task with distinct seeds, which is what pass@k needs. Envs run side by side on either executor (in this
-process, or one per Ray actor) through `agentgym_opd.executors.collect_episodes`.
+process, or one per Ray actor) through `agentgym_opd.executors.collect_episodes`. Model policies (tiny, HF
+folders, trainer checkpoints) go through `evaluation.policy_eval`, which writes the same record.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import subprocess
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from tqdm import tqdm
 
@@ -96,12 +97,14 @@ def make_record(
     seed: int = 0,
     wall_time_s: float = 0.0,
     curve: list[dict] | None = None,
+    k_values: Sequence[int] = (1, 5, 10),
 ) -> dict[str, Any]:
+    """A validated record of `episodes`; `k_values` are the pass@k reported where the sample count allows."""
     record = {
         "schema_version": SCHEMA_VERSION,
         "env_id": env_id,
         "split": split,
-        "metrics": summarise(episodes),
+        "metrics": summarise(episodes, k_values),
         "n_episodes": len(episodes),
         "algorithm": algorithm,
         "algorithm_config": algorithm_config or {},

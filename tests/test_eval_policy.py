@@ -1,0 +1,157 @@
+"""Model policies through the uniform evaluation runner: the real tiny model on the household world.
+
+Episodes are kept tiny (2 tasks, 2 turns, 8 new tokens) so the whole file runs in well under a minute on
+a shared CPU; what is checked is the plumbing a researcher relies on: which weights are loaded, what the
+record says, that seeds reproduce, and that bad input is refused with exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from agentgym_opd.cli import main as cli_main
+from agentgym_opd.config import load_config
+from agentgym_opd.policy.base import SamplingParams
+from agentgym_opd.registry import make, register
+from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT, Trainer
+from evaluation.leaderboard import Leaderboard
+from evaluation.policy_eval import (EvalSetupError, evaluate_policy, load_policy, resolve_action_parser,
+                                    resolve_policy, run_policy_episodes)
+from evaluation.records import validate_record
+
+ENV = "household/valid_unseen"
+FAST = dict(episodes=2, max_new_tokens=8, max_turns=2, num_envs=4, device="cpu", progress=False)
+FIRST_LINE = "test_eval_policy:first_line"
+
+
+def first_line(text: str, finish_reason: str):
+    """Send whatever the untrained model says to the env, so episodes are real multi-turn exchanges."""
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "look"), None
+
+
+def _train(tmp_path, name: str, *overrides: str) -> Trainer:
+    config = load_config(None, ["algorithm=sft", "env=household/train", "model.student=tiny", "model.device=cpu",
+                                "train.steps=2", "train.lr=3e-3", "rollout.tasks_per_step=1", "rollout.max_turns=4",
+                                "rollout.max_new_tokens=8", "eval.episodes=1", f"output_dir={tmp_path / name}",
+                                *overrides])
+    trainer = Trainer(config, env_overrides={"num_tasks": 2}, progress=False)
+    trainer.train()
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+    """A real SFT run (2 steps on the tiny model) with a non-default algorithm knob, checkpointed at the end."""
+    return _train(tmp_path_factory.mktemp("runs"), "sft", "algo.aggregation=seq_mean_token_mean")
+
+
+def test_tiny_model_record_is_valid_and_uses_the_trainer_prompt():
+    (record,) = evaluate_policy(ENV, "tiny", **FAST)
+    assert validate_record(record) is record
+    assert (record["env_id"], record["split"], record["n_episodes"]) == (ENV, "valid_unseen", 2)
+    assert (record["algorithm"], record["student"], record["teacher"], record["seed"]) == ("base", "tiny", None, 0)
+    assert record["metrics"]["mean_turns"]["mean"] <= 2 and "pass@1" not in record["metrics"]
+    # the untrained model rambles past 8 tokens: every turn is a parse error the env never sees
+    assert record["metrics"]["error_rate/parse_error"]["mean"] == 1.0
+
+
+def test_episodes_are_batched_reproducible_and_independent_of_chunking():
+    policy = load_policy(resolve_policy("tiny"), device="cpu")
+    tasks = make(ENV).task_ids()[:2]
+    run = dict(samples=2, sampling=SamplingParams(max_new_tokens=8, temperature=1.0),
+               action_parser=resolve_action_parser(FIRST_LINE), system_prompt=DEFAULT_SYSTEM_PROMPT, max_turns=2)
+    wide = run_policy_episodes(policy, ENV, tasks, seed=5, num_envs=4, **run)   # one chunk of 4 envs
+    narrow = run_policy_episodes(policy, ENV, tasks, seed=5, num_envs=2, **run)  # two chunks of 2
+    other = run_policy_episodes(policy, ENV, tasks, seed=6, num_envs=4, **run)
+    assert [e.task.id for e in wide] == [tasks[0], tasks[0], tasks[1], tasks[1]]
+    assert [e.metadata["rollout_seed"] for e in narrow] == [5_000_000 + k for k in range(4)]
+    assert all(e.metadata["first_prompt"][0] == {"role": "system", "content": DEFAULT_SYSTEM_PROMPT} for e in wide)
+    assert [e.input_ids for e in wide] == [e.input_ids for e in narrow]
+    assert wide[0].input_ids != wide[1].input_ids  # two samples of one task differ
+    assert [e.input_ids for e in wide] != [e.input_ids for e in other]
+
+
+def test_same_seeds_give_the_same_numbers_and_samples_give_pass_at_k():
+    sampled = dict(FAST, episodes=1, samples=3, temperature=1.0, action_parser=FIRST_LINE)
+    first = evaluate_policy(ENV, "tiny", seeds=[0, 1], **sampled)
+    again = evaluate_policy(ENV, "tiny", seeds=[0], **sampled)
+    assert [r["seed"] for r in first] == [0, 1] and first[0]["n_episodes"] == 3
+    assert again[0]["metrics"] == first[0]["metrics"]
+    assert {"pass@1", "pass@3"} <= set(first[0]["metrics"]) and "pass@5" not in first[0]["metrics"]
+    assert first[0]["metrics"]["pass@1"]["mean"] == first[0]["metrics"]["success_rate"]["mean"]
+    with pytest.raises(EvalSetupError, match="--temperature > 0"):
+        evaluate_policy(ENV, "tiny", **dict(FAST, samples=2))
+
+
+def test_checkpoint_and_run_folder_load_the_trained_weights_and_name_the_algorithm(sft_run):
+    step = sft_run.checkpoint_dir()
+    assert step.name == "step_2"
+    assert resolve_policy(str(sft_run.output_dir)).model_dir == step / "model"  # run folder -> latest
+    loaded = load_policy(resolve_policy(str(step)), device="cpu")
+    trained = dict(sft_run.student.model.named_parameters())
+    for name, value in loaded.model.named_parameters():
+        torch.testing.assert_close(value, trained[name].detach(), rtol=0, atol=0)
+    (record,) = evaluate_policy(ENV, str(sft_run.output_dir), **FAST)
+    assert (record["algorithm"], record["student"], record["teacher"]) == ("sft", "tiny", None)
+    assert record["algorithm_config"] == {"aggregation": "seq_mean_token_mean", "context_fraction": 0.0}
+    validate_record(record)
+
+
+def test_lora_checkpoint_loads_base_plus_adapter(tmp_path):
+    trainer = _train(tmp_path, "lora", "model.lora_rank=4", "train.steps=1", "train.lr=5e-2")
+    source = resolve_policy(str(trainer.checkpoint_dir()))
+    assert source.is_adapter and source.base_dir is not None and source.algorithm == "sft"
+    loaded = load_policy(source, device="cpu")
+    ids = torch.tensor([trainer.student.apply_chat_template([{"role": "user", "content": "go to fridge 1"}])])
+    with torch.no_grad():
+        with trainer.student.adapter_disabled():
+            base_logits = trainer.student.model(input_ids=ids).logits
+        trained_logits = trainer.student.model(input_ids=ids).logits
+        loaded_logits = loaded.model(input_ids=ids).logits
+    assert not torch.allclose(base_logits, trained_logits, atol=1e-4)  # the adapter learned something
+    torch.testing.assert_close(loaded_logits, trained_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_cli_writes_one_record_per_seed_that_the_leaderboard_groups(tmp_path, capsys):
+    out = tmp_path / "rec.json"
+    rc = cli_main(["eval", "--policy", "tiny", "--env", ENV, "--episodes", "2", "--max-new-tokens", "8",
+                   "--max-turns", "2", "--device", "cpu", "--seeds", "0", "1", "--no-progress", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    paths = [tmp_path / "rec.seed0.json", tmp_path / "rec.seed1.json"]
+    records = [validate_record(json.loads(p.read_text())) for p in paths]
+    assert [r["seed"] for r in records] == [0, 1]
+    board = Leaderboard(tmp_path / "lb")
+    for p in paths:
+        board.add(p)
+    board.build()
+    assert f"| {ENV} | base | tiny | - | 0,1 | 4 |" in (tmp_path / "lb" / "LEADERBOARD.md").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--policy", "no/such/model"], "no such file or folder"),
+    (["--policy", "{empty}"], "holds no model"),
+    (["--policy", "{file}"], "is a file, not a model folder"),
+    (["--policy", "{broken}"], "cannot load a model from"),
+    (["--policy", "tiny", "--env", "household/valid_unseeen"], "Did you mean: household/valid_unseen"),
+    (["--policy", "tiny", "--env", "testcounter/empty"], "has no tasks"),
+    (["--policy", "tiny", "--samples", "3"], "--temperature > 0"),
+    (["--policy", "tiny", "--backend", "vllm"], "needs vLLM"),
+    (["--policy", "tiny", "--action-parser", "yaml"], "unknown action parser"),
+    (["--policy", "tiny", "--executor", "ray"], "scripted agents"),
+])
+def test_bad_input_is_a_clear_error_with_exit_code_2(tmp_path, capsys, argv, message):
+    register("testcounter/empty", entry_point="counter_env:CounterEnv", num_tasks=0, override=True)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{}")  # looks like a HF folder, holds no loadable model
+    argv = [a.format(empty=tmp_path / "empty", file=tmp_path / "weights.bin", broken=tmp_path / "broken") for a in argv]
+    if "--env" not in argv:
+        argv += ["--env", ENV]
+    rc = cli_main(["eval", *argv, "--episodes", "1", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and message in err, err
+    assert "Traceback" not in err
