@@ -23,9 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evaluation.records import RecordError, env_family, lower_is_better, record_id, validate_record
+from evaluation.records import RecordError, env_family, lower_is_better, protocol_label, record_id, validate_record
 
 IDENTITY_FIELDS = ("env_id", "split", "algorithm", "student", "teacher", "seed")
+
+
+def identity(record: dict[str, Any]) -> tuple:
+    """What makes two records the same run: the identity fields plus the evaluation protocol."""
+    return (*(record[f] for f in IDENTITY_FIELDS), protocol_label(record))
 
 
 @dataclass
@@ -39,6 +44,12 @@ class Row:
     n_episodes: int = 0
     metrics: dict[str, tuple[float, float]] = field(default_factory=dict)
     curves: list[list[dict[str, Any]]] = field(default_factory=list)
+    protocol: str = ""  # records.protocol_label: rows evaluated differently are never pooled
+    protocol_short: str = ""  # the same without the eval defaults, for tables
+
+    @property
+    def display_algorithm(self) -> str:
+        return f"{self.algorithm} [{self.protocol_short}]" if self.protocol_short else self.algorithm
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -78,9 +89,9 @@ class Leaderboard:
         target = self.records_dir / f"{rid}.json"
         if target.exists():
             raise RecordError(f"duplicate record: identical content is already published as {target}")
-        key = tuple(record[f] for f in IDENTITY_FIELDS)
+        key = identity(record)
         for existing in self.load_records():
-            if tuple(existing[f] for f in IDENTITY_FIELDS) == key:
+            if identity(existing) == key:
                 raise RecordError(
                     "duplicate record: a result for the same run "
                     f"({', '.join(f'{f}={v!r}' for f, v in zip(IDENTITY_FIELDS, key))}) is already published; "
@@ -95,10 +106,12 @@ class Leaderboard:
     def rows(records: list[dict[str, Any]]) -> list[Row]:
         groups: dict[tuple, list[dict[str, Any]]] = {}
         for r in records:
-            groups.setdefault((r["env_id"], r["split"], r["algorithm"], r["student"], r["teacher"]), []).append(r)
+            groups.setdefault((r["env_id"], r["split"], r["algorithm"], r["student"], r["teacher"], protocol_label(r)),
+                              []).append(r)
         rows = []
-        for (env_id, split, algo, student, teacher), recs in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
-            row = Row(env_id, split, algo, student, teacher, sorted(r["seed"] for r in recs), sum(r["n_episodes"] for r in recs))
+        for (env_id, split, algo, student, teacher, protocol), recs in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+            row = Row(env_id, split, algo, student, teacher, sorted(r["seed"] for r in recs), sum(r["n_episodes"] for r in recs),
+                      protocol=protocol, protocol_short=protocol_label(recs[0], short=True))
             names = sorted({m for r in recs for m in r["metrics"]})
             for name in names:
                 vals = [r["metrics"][name] for r in recs if name in r["metrics"]]
@@ -145,7 +158,7 @@ class Leaderboard:
             lines.append("| " + " | ".join(head) + " |")
             lines.append("|" + "|".join("---" for _ in head) + "|")
             for r in frows:
-                cells = [f"{r.env_id}", r.algorithm, r.student, r.teacher or "-", ",".join(map(str, r.seeds)), str(r.n_episodes)]
+                cells = [f"{r.env_id}", r.display_algorithm, r.student, r.teacher or "-", ",".join(map(str, r.seeds)), str(r.n_episodes)]
                 for m in metrics:
                     if m not in r.metrics:
                         cells.append("-")
@@ -161,13 +174,13 @@ class Leaderboard:
         metrics = sorted({m for r in rows for m in r.metrics})
         buf = io.StringIO()
         writer = csv.writer(buf)
-        writer.writerow(["env_family", "env_id", "split", "algorithm", "student", "teacher", "seeds", "n_episodes"]
+        writer.writerow(["env_family", "env_id", "split", "algorithm", "protocol", "student", "teacher", "seeds", "n_episodes"]
                         + [f"{m}{s}" for m in metrics for s in ("", "_stderr")])
         for r in rows:
             values = []
             for m in metrics:
                 values += list(r.metrics[m]) if m in r.metrics else ["", ""]
-            writer.writerow([env_family(r.env_id), r.env_id, r.split, r.algorithm, r.student, r.teacher or "",
+            writer.writerow([env_family(r.env_id), r.env_id, r.split, r.algorithm, r.protocol, r.student, r.teacher or "",
                              " ".join(map(str, r.seeds)), r.n_episodes] + values)
         return buf.getvalue()
 

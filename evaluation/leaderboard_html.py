@@ -67,7 +67,7 @@ def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
         head = "".join(f"<th>{escape(h)}</th>" for h in ["env", "algorithm", "student", "teacher", "seeds", "n", *metrics])
         body.append(f'<table class="family" data-family="{escape(family)}"><thead><tr>{head}</tr></thead><tbody>')
         for r in frows:
-            cells = [f'<td class="name">{escape(x)}</td>' for x in (r.env_id, r.algorithm, r.student, r.teacher or "-")]
+            cells = [f'<td class="name">{escape(x)}</td>' for x in (r.env_id, r.display_algorithm, r.student, r.teacher or "-")]
             cells += [f"<td>{escape(','.join(map(str, r.seeds)))}</td>", f"<td>{r.n_episodes}</td>"]
             for m in metrics:
                 if m not in r.metrics:
@@ -81,7 +81,7 @@ def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
         by_env: dict[str, list[tuple[str, list[dict]]]] = {}
         for r in frows:
             if r.curves:
-                by_env.setdefault(r.env_id, []).append((r.algorithm, mean_curve(r.curves)))
+                by_env.setdefault(r.env_id, []).append((r.display_algorithm, mean_curve(r.curves)))
         for env_id, series in by_env.items():
             body.append(f"<figure>{_curve_svg(env_id, series)}<figcaption>Training curve: success rate against rollout "
                         f"budget, {escape(env_id)}</figcaption></figure>")

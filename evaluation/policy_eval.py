@@ -27,10 +27,9 @@ NOTES (decisions where the brief was silent; what remains):
 - One record per seed (`--seeds 0 1 2` -> three records): the leaderboard already groups records that
   differ only in `seed` and reports the mean over seeds with the across-seed standard error. With `--out
   rec.json` and several seeds the files are `rec.seed0.json`, `rec.seed1.json`, ...
-- The record schema (v1) has no field for the evaluation protocol (temperature, K, max_new_tokens,
-  max_turns, backend, action parser). Nothing was added (records.py is not this module's file); the
-  protocol is printed to stderr. Proposed for the lead: an optional `eval_protocol` object in schema v2,
-  with v1 records still accepted.
+- The record's optional `protocol` object carries temperature, top_p, K, max_new_tokens, max_turns
+  (null = the env's own limit), backend and action parser; the leaderboard never pools records whose
+  protocols differ (they are separate rows, labelled).
 - `wall_time_s` is the rollout time of that seed (model loading excluded, it is shared by all seeds).
 - max_turns / max_new_tokens default to the env's own turn limit and 128 tokens, not the checkpoint's
   training values, so every algorithm is evaluated under the same protocol; pass flags to change them.
@@ -374,7 +373,10 @@ def evaluate_policy(
                                   system_prompt=DEFAULT_SYSTEM_PROMPT, progress=progress, **env_kwargs)
         records.append(make_record(env_id, split, eps, algorithm=source.algorithm, student=source.student,
                                    teacher=source.teacher, algorithm_config=source.algorithm_config, seed=seed,
-                                   wall_time_s=time.perf_counter() - started, k_values=k_values))
+                                   wall_time_s=time.perf_counter() - started, k_values=k_values,
+                                   protocol={"temperature": temperature, "top_p": top_p, "samples": samples,
+                                             "max_new_tokens": max_new_tokens, "max_turns": max_turns,
+                                             "backend": backend, "action_parser": action_parser}))
     return records
 
 

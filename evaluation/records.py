@@ -16,6 +16,7 @@ A record is a JSON object. Schema version 1:
 | `wall_time_s` | float >= 0 | evaluation wall time |
 | `created` | str | ISO-8601 time the record was written |
 | `curve` | optional list of {"rollouts": int, "success_rate": float} | training curve (success against rollout budget) |
+| `protocol` | optional {name: str/number/bool/null} | how it was evaluated (temperature, samples, max_new_tokens, max_turns, backend, action_parser); records with different protocols are different leaderboard rows |
 
 Validation names the first field that is missing or wrong and what it should be, so a record is either
 accepted whole or refused whole.
@@ -95,7 +96,30 @@ FIELDS: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "wall_time_s": (True, lambda v: None if _is_number(v) and v >= 0 else f"must be a number >= 0, got {v!r}"),
     "created": (True, _check_created),
     "curve": (False, _check_curve),
+    "protocol": (False, lambda v: _check_protocol(v)),
 }
+
+
+def _check_protocol(value: Any) -> str | None:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        return f"must be an object {{name: scalar}}, got {value!r}"
+    for k, v in value.items():
+        if not (v is None or isinstance(v, (str, bool)) or _is_number(v)):
+            return f"entry {k!r} must be a string, number, bool or null, got {v!r}"
+    return None
+
+
+# the `agentgym-opd eval` defaults: a display label leaves these out (identity always uses every entry)
+PROTOCOL_DEFAULTS: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "samples": 1, "max_new_tokens": 128,
+                                     "max_turns": None, "backend": "hf", "action_parser": "text"}
+
+
+def protocol_label(record: dict[str, Any], *, short: bool = False) -> str:
+    """A stable text for a record's evaluation protocol ('' when it has none): part of its identity.
+    ``short`` drops the entries equal to the eval defaults, for tables."""
+    protocol = record.get("protocol") or {}
+    keys = [k for k in sorted(protocol) if not (short and k in PROTOCOL_DEFAULTS and protocol[k] == PROTOCOL_DEFAULTS[k])]
+    return " ".join(f"{k}={protocol[k]}" for k in keys)
 
 
 def validate_record(record: Any) -> dict[str, Any]:

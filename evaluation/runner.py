@@ -98,6 +98,7 @@ def make_record(
     wall_time_s: float = 0.0,
     curve: list[dict] | None = None,
     k_values: Sequence[int] = (1, 5, 10),
+    protocol: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A validated record of `episodes`; `k_values` are the pass@k reported where the sample count allows."""
     record = {
@@ -117,6 +118,8 @@ def make_record(
     }
     if curve:
         record["curve"] = curve
+    if protocol:
+        record["protocol"] = dict(protocol)
     return validate_record(record)
 
 

@@ -56,6 +56,7 @@ def test_tiny_model_record_is_valid_and_uses_the_trainer_prompt():
     assert record["metrics"]["mean_turns"]["mean"] <= 2 and "pass@1" not in record["metrics"]
     # the untrained model rambles past 8 tokens: every turn is a parse error the env never sees
     assert record["metrics"]["error_rate/parse_error"]["mean"] == 1.0
+    assert record["protocol"]["temperature"] == 0.0 and record["protocol"]["samples"] == 1
 
 
 def test_episodes_are_batched_reproducible_and_independent_of_chunking():
@@ -127,7 +128,7 @@ def test_cli_writes_one_record_per_seed_that_the_leaderboard_groups(tmp_path, ca
     for p in paths:
         board.add(p)
     board.build()
-    assert f"| {ENV} | base | tiny | - | 0,1 | 4 |" in (tmp_path / "lb" / "LEADERBOARD.md").read_text()
+    assert f"| {ENV} | base [max_new_tokens=8 max_turns=2] | tiny | - | 0,1 | 4 |" in (tmp_path / "lb" / "LEADERBOARD.md").read_text()
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -112,3 +112,30 @@ def test_cli_add_and_build(tmp_path):
     assert "LEADERBOARD.md" in out.stdout and (tmp_path / "lb" / "index.html").exists()
     again = subprocess.run(cmd + ["add", str(rec)], capture_output=True, text=True, cwd=tmp_path)
     assert again.returncode == 2 and "duplicate record" in again.stderr
+
+
+def test_records_evaluated_under_different_protocols_are_separate_rows(tmp_path):
+    from evaluation.leaderboard import Leaderboard
+    from evaluation.records import RecordError, validate_record
+
+    def rec(seed, temperature, success):
+        return validate_record({
+            "schema_version": 1, "env_id": "household/valid_seen", "split": "valid_seen",
+            "metrics": {"success_rate": {"mean": success, "stderr": 0.0}}, "n_episodes": 8, "algorithm": "opd",
+            "algorithm_config": {}, "student": "tiny", "teacher": None, "code_revision": "abc", "seed": seed,
+            "wall_time_s": 1.0, "created": "2026-12-03T00:00:00+00:00",
+            "protocol": {"temperature": temperature, "samples": 1}})
+
+    board = Leaderboard(tmp_path / "board")
+    board.add(rec(0, 0.0, 0.5))
+    board.add(rec(0, 1.0, 0.25))  # same seed, another protocol: not a duplicate
+    board.add(rec(1, 0.0, 0.7))
+    rows = board.rows(board.load_records())
+    assert sorted((r.protocol, r.seeds) for r in rows) == [("samples=1 temperature=0.0", [0, 1]),
+                                                            ("samples=1 temperature=1.0", [0])]
+    greedy = next(r for r in rows if r.protocol.endswith("0.0"))
+    assert greedy.metrics["success_rate"][0] == pytest.approx(0.6)
+    table = board.markdown(rows)
+    assert "| opd |" in table and "| opd [temperature=1.0] |" in table  # the eval defaults are not spelled out
+    with pytest.raises(RecordError, match="protocol"):
+        validate_record({**rec(2, 0.0, 0.1), "protocol": {"temperature": [0.1]}})

@@ -1,0 +1,555 @@
+"""`agentgym-opd bench`: every registered algorithm, the same warm start, the same rollout budget, one table.
+
+NOTES (decisions where the brief was silent, and what remains)
+- One process runs everything (warm start, teacher, every algorithm x seed, evaluations): the tiny model
+  loads in milliseconds and a failing algorithm is caught per run (exception -> a ``failed`` row with its
+  error; the traceback goes to ``runs/<algo>/seed<N>/error.txt``) and the bench goes on.
+- Equal budget: every run does the same number of update steps with the same number of episodes per step
+  (``episodes_per_step`` = tasks_per_step * G; G = ``group_size`` for ``needs_groups`` algorithms, else 1,
+  tasks_per_step = episodes_per_step // G). SFT's expert episodes count as its episodes. The budget is
+  reported as rollout episodes (``budget = steps * episodes_per_step``).
+- Same hyper-parameters for every algorithm (lr 3e-4, temperature 0.5: the lead's measured OPD setting);
+  per-algorithm changes go through ``--algo-set NAME:key=value`` (e.g. ``grpo:algo.kl_coef=0.01``).
+- The warm start and the teacher are SFT runs of the base student (the teacher: more steps), cached under
+  ``<out>/warm_start`` and ``<out>/teacher`` keyed by their settings (``bench_key.json``): a rerun with the
+  same settings reuses them, other settings retrain. Algorithm runs are never cached (so a rerun checks
+  reproducibility). The teacher is trained only when a selected algorithm ``needs_teacher`` (or --teacher).
+- Evaluation: greedy, on three splits: the training tasks themselves (``train``, where the training curve
+  is measured), the seen split and the unseen split of the env family (``valid_seen`` / ``valid_unseen``
+  where registered, else the first registered id of the family matching seen/unseen/valid/dev/test).
+  Tasks: the runner's evenly spaced subset (``evaluation.runner.select_tasks``), eval seed fixed.
+- Records: one per algorithm x split x seed (the leaderboard's identity includes the seed, and its build
+  aggregates seeds: mean of the seed means, standard error across seeds); the bench's own ``summary.json``
+  holds the same aggregate per algorithm x split. ``wall_time_s`` is the evaluation's wall time (as the
+  schema says); training wall time, the seed list and the budget are in ``algorithm_config["bench"]``.
+  The training curve (success on the training tasks vs rollout episodes, point 0 = the warm start) is
+  attached to the ``train`` split's records. The warm start is the ``warm_start`` row, the teacher the
+  ``teacher`` row (greedy decoding has no seed: one record each).
+- The bench's leaderboard (``<out>/leaderboard``) is owned by the bench: a rerun replaces records of the
+  same run identity. ``--publish`` adds to the repo's ``leaderboard/`` and never replaces: a duplicate is
+  reported and skipped.
+- Remaining: the full default (all 8 algorithms x 3 seeds) does not fit 15 minutes on 2 CPU cores; the
+  bench prints its estimate before it starts and an ETA after each run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+DEFAULT_ENV = "household/train"
+# the embedded household train split has 2000 generated tasks; the tiny student learns a handful
+DEFAULT_ENV_ARGS = {"household/train": {"num_tasks": 8}}
+SEEN_NAMES = ("valid_seen", "seen", "valid", "dev", "test")
+UNSEEN_NAMES = ("valid_unseen", "unseen", "test")
+# measured on the shared 2-core build machine under load (tiny student, household, <= 10 turns x 16 tokens,
+# one torch thread): seconds per episode, the update step included for training episodes
+SECONDS_PER_EXPERT_EPISODE = 0.12
+SECONDS_PER_ROLLOUT_EPISODE = 0.9
+SECONDS_PER_EVAL_EPISODE = 0.45
+
+
+class BenchError(ValueError):
+    """A bench set up wrong by its caller (unknown algorithm, bad option): the CLI exits 2 with the message."""
+
+
+@dataclass
+class BenchSettings:
+    """Everything a bench run depends on; defaults are the full bench on the embedded household env."""
+
+    env: str = DEFAULT_ENV
+    env_args: dict[str, Any] | None = None  # None: DEFAULT_ENV_ARGS for the env, else {}
+    eval_envs: list[str] | None = None  # None: seen and unseen split of the env family (plus the train tasks)
+    student: str = "tiny"
+    teacher: str | None = None  # a path: use it instead of training the SFT teacher
+    algos: list[str] | None = None  # None: every registered algorithm
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    steps: int = 40
+    episodes_per_step: int = 8
+    group_size: int = 4
+    lr: float = 3e-4
+    temperature: float = 0.5
+    eval_points: int = 4  # evaluations during training (the curve), besides step 0
+    eval_episodes: int = 16  # per split
+    eval_seed: int = 0
+    warm_steps: int = 70
+    warm_lr: float = 3e-3
+    warm_context_fraction: float = 0.5
+    teacher_steps: int = 200
+    teacher_lr: float = 3e-3
+    sft_tasks_per_step: int = 8
+    max_turns: int = 10
+    max_new_tokens: int = 16
+    device: str = "auto"
+    threads: int | None = 1  # torch CPU threads; None = torch's default (see run_bench)
+    overrides: list[str] = field(default_factory=list)  # key=value for every algorithm run
+    algo_overrides: dict[str, list[str]] = field(default_factory=dict)  # per algorithm
+    skip_warm_start: bool = False
+    output_dir: str = "runs/bench"
+    publish: bool = False
+    progress: bool = True
+
+    @classmethod
+    def quick(cls, **changes: Any) -> "BenchSettings":
+        """A ~2-3 minute smoke bench: fewer tasks, steps, seeds and episodes, same pipeline."""
+        base = dict(env_args=None, seeds=[0, 1], steps=4, episodes_per_step=4, group_size=2, eval_points=2,
+                    eval_episodes=4, warm_steps=60, teacher_steps=120, sft_tasks_per_step=4, max_turns=8)
+        base.update(changes)
+        settings = cls(**base)
+        if settings.env_args is None and settings.env in DEFAULT_ENV_ARGS:
+            settings.env_args = {"num_tasks": 4}
+        return settings
+
+    def resolved_env_args(self) -> dict[str, Any]:
+        return dict(self.env_args if self.env_args is not None else DEFAULT_ENV_ARGS.get(self.env, {}))
+
+    @property
+    def budget(self) -> int:
+        return self.steps * self.episodes_per_step
+
+
+# ----------------------------------------------------------------------------------------------------
+# Choosing what to run
+# ----------------------------------------------------------------------------------------------------
+
+
+def selected_algorithms(settings: BenchSettings) -> list[str]:
+    """The algorithms to run, in registry order; an unknown name is the caller's error (exit 2)."""
+    from agentgym_opd.registry import algorithm_registry
+
+    registered = algorithm_registry.ids()
+    if settings.algos is None:
+        return list(registered)
+    unknown = [a for a in settings.algos if a not in registered]
+    if unknown:
+        raise BenchError(f"unknown algorithm(s) {unknown}; registered: {', '.join(registered)}")
+    if not settings.algos:
+        raise BenchError("--algos selected no algorithm")
+    return list(dict.fromkeys(settings.algos))
+
+
+def evaluation_envs(settings: BenchSettings) -> list[str]:
+    """Env ids the final students are scored on: the training env (its training tasks) + seen + unseen."""
+    from agentgym_opd.registry import env_registry
+
+    ids = env_registry.ids()
+    if settings.env not in ids:
+        raise BenchError(f"unknown env {settings.env!r}; `agentgym-opd envs` lists them")
+    if settings.eval_envs is not None:
+        unknown = [e for e in settings.eval_envs if e not in ids]
+        if unknown:
+            raise BenchError(f"unknown eval env(s) {unknown}; `agentgym-opd envs` lists them")
+        return [settings.env, *[e for e in settings.eval_envs if e != settings.env]]
+    family = settings.env.split("/", 1)[0]
+    chosen = [settings.env]
+    for names in (SEEN_NAMES, UNSEEN_NAMES):
+        match = next((f"{family}/{n}" for n in names if f"{family}/{n}" in ids and f"{family}/{n}" not in chosen), None)
+        if match:
+            chosen.append(match)
+    return chosen
+
+
+def algorithm_flags(name: str) -> tuple[bool, bool]:
+    """(needs_teacher, needs_groups) of a registered algorithm (importing it: an import error fails its runs)."""
+    from agentgym_opd.trainer import algorithm_class
+
+    cls = algorithm_class(name)
+    return bool(cls.needs_teacher), bool(cls.needs_groups)
+
+
+def estimate_seconds(settings: BenchSettings, algos: list[str], n_eval_envs: int, *, warm: bool, teacher: bool) -> float:
+    """A rough wall-time forecast from per-episode costs measured on the 2-core build machine."""
+    sft_episodes = (settings.warm_steps * warm + settings.teacher_steps * teacher) * settings.sft_tasks_per_step
+    per_run_eval = (settings.eval_points * settings.resolved_env_args().get("num_tasks", settings.eval_episodes)
+                    + n_eval_envs * settings.eval_episodes) * SECONDS_PER_EVAL_EPISODE
+    per_run_train = settings.budget * SECONDS_PER_ROLLOUT_EPISODE
+    runs = len(algos) * len(settings.seeds)
+    return (sft_episodes * SECONDS_PER_EXPERT_EPISODE + runs * (per_run_train + per_run_eval)
+            + (1 + teacher) * n_eval_envs * settings.eval_episodes * SECONDS_PER_EVAL_EPISODE)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training: the cached SFT warm start / teacher, and one algorithm run
+# ----------------------------------------------------------------------------------------------------
+
+
+def _common_overrides(settings: BenchSettings, *, seed: int, output_dir: Path) -> list[str]:
+    return [f"env={settings.env}", f"seed={seed}", f"output_dir={output_dir}", f"model.device={settings.device}",
+            f"rollout.max_turns={settings.max_turns}", f"rollout.max_new_tokens={settings.max_new_tokens}"]
+
+
+def _trainer(overrides: list[str], algorithm: str, settings: BenchSettings) -> Any:
+    from agentgym_opd.config import load_config
+    from agentgym_opd.trainer import Trainer, algorithm_class
+
+    config = load_config(None, [f"algorithm={algorithm}", *overrides], algo_config_cls=algorithm_class(algorithm).Config)
+    return Trainer(config, env_overrides=settings.resolved_env_args(), progress=settings.progress)
+
+
+def final_model_dir(run_dir: Path) -> Path:
+    latest = run_dir / "checkpoints" / "latest"
+    return run_dir / "checkpoints" / latest.read_text(encoding="utf-8").strip() / "model"
+
+
+def sft_checkpoint(settings: BenchSettings, run_dir: Path, *, steps: int, lr: float, context_fraction: float,
+                   log: Callable[[str], None]) -> Path:
+    """Train (or reuse) an SFT run of the base student; returns its final ``model/`` folder.
+
+    Reuse needs the same settings, recorded in ``bench_key.json`` beside the run, so changing a knob can
+    never silently hand back a stale checkpoint.
+    """
+    key = {"student": settings.student, "env": settings.env, "env_args": settings.resolved_env_args(),
+           "steps": steps, "lr": lr, "context_fraction": context_fraction,
+           "tasks_per_step": settings.sft_tasks_per_step, "max_turns": settings.max_turns,
+           "max_new_tokens": settings.max_new_tokens, "seed": 0}
+    key_file = run_dir / "bench_key.json"
+    if key_file.is_file() and json.loads(key_file.read_text(encoding="utf-8")) == key:
+        try:
+            model = final_model_dir(run_dir)
+            if (model / "config.json").is_file():
+                log(f"reusing {run_dir.name} checkpoint {model}")
+                return model
+        except OSError:
+            pass
+    shutil.rmtree(run_dir, ignore_errors=True)
+    log(f"training {run_dir.name}: SFT {steps} steps x {settings.sft_tasks_per_step} expert episodes, lr {lr}")
+    overrides = _common_overrides(settings, seed=0, output_dir=run_dir) + [
+        f"model.student={settings.student}", f"train.steps={steps}", f"train.lr={lr}",
+        f"rollout.tasks_per_step={settings.sft_tasks_per_step}", f"algo.context_fraction={context_fraction}"]
+    trainer = _trainer(overrides, "sft", settings)
+    trainer.train()
+    key_file.write_text(json.dumps(key, indent=2) + "\n", encoding="utf-8")
+    return final_model_dir(run_dir)
+
+
+@dataclass
+class RunResult:
+    """One algorithm x seed: its evaluations per env id (or its error), curve and wall times."""
+
+    algorithm: str
+    seed: int
+    evaluations: dict[str, list[Any]] = field(default_factory=dict)  # env id -> episodes
+    eval_wall_s: dict[str, float] = field(default_factory=dict)
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    algo_config: dict[str, Any] = field(default_factory=dict)
+    train_wall_s: float = 0.0
+    error: str | None = None
+
+
+def run_overrides(settings: BenchSettings, name: str, *, seed: int, run_dir: Path, student: str,
+                  teacher: str | None, needs_teacher: bool, needs_groups: bool) -> list[str]:
+    """The run config of one algorithm x seed: the same steps and episodes per step for every algorithm."""
+    group = settings.group_size if needs_groups else 1
+    if group > settings.episodes_per_step or settings.episodes_per_step % group:
+        raise BenchError(f"episodes_per_step={settings.episodes_per_step} must be a multiple of group_size={group}")
+    every = max(1, settings.steps // max(settings.eval_points, 1))
+    overrides = _common_overrides(settings, seed=seed, output_dir=run_dir) + [
+        f"model.student={student}", f"train.steps={settings.steps}", f"train.lr={settings.lr}",
+        f"rollout.tasks_per_step={settings.episodes_per_step // group}", f"rollout.group_size={group}",
+        f"rollout.temperature={settings.temperature}", f"eval.every={every}",
+        f"eval.episodes={settings.resolved_env_args().get('num_tasks', settings.eval_episodes)}",
+        f"eval.seed={settings.eval_seed}"]
+    if needs_teacher:
+        if not teacher:
+            raise BenchError(f"{name} needs a teacher and none was trained or given (--teacher PATH)")
+        overrides.append(f"model.teacher={teacher}")
+    return overrides + list(settings.overrides) + list(settings.algo_overrides.get(name, []))
+
+
+def training_curve(run_dir: Path, episodes_per_step: int, start: float | None) -> list[dict[str, Any]]:
+    """Success on the training tasks against rollout episodes so far, from the run's metrics.jsonl."""
+    points = [{"rollouts": 0, "success_rate": float(start)}] if start is not None else []
+    path = run_dir / "metrics.jsonl"
+    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+        row = json.loads(line)
+        if "eval/success" in row:
+            points.append({"rollouts": int(row["step"]) * episodes_per_step, "success_rate": float(row["eval/success"])})
+    return points
+
+
+# ----------------------------------------------------------------------------------------------------
+# Evaluation: greedy episodes of one policy on one env split
+# ----------------------------------------------------------------------------------------------------
+
+
+def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_args: dict[str, Any]) -> tuple[list[Any], float]:
+    """Greedy episodes on an evenly spaced, fixed subset of the split's tasks; (episodes, wall seconds).
+
+    The engine is built like the trainer's evaluation engine (same system prompt, action parser, greedy
+    sampling), so a bench number and a training-time ``eval/success`` mean the same thing.
+    """
+    from agentgym_opd.policy.base import SamplingParams
+    from agentgym_opd.registry import make
+    from agentgym_opd.rollout import RolloutEngine
+    from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
+    from evaluation.runner import select_tasks
+
+    started = time.perf_counter()
+    overrides = {"max_turns": settings.max_turns, **env_args}
+    probe = make(env_id, **overrides)
+    tasks = select_tasks(probe.task_ids(), settings.eval_episodes)
+    envs = [probe] + [make(env_id, **overrides) for _ in tasks[1:]]
+    engine = RolloutEngine(policy, SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=0.0),
+                           system_prompt=DEFAULT_SYSTEM_PROMPT, action_parser="text")
+    batch = engine.collect(envs, tasks, seed=settings.eval_seed)
+    return list(batch.episodes), time.perf_counter() - started
+
+
+def eval_env_args(env_id: str, settings: BenchSettings) -> dict[str, Any]:
+    """The training env keeps its constructor options (its task subset); other splits get their own tasks."""
+    return settings.resolved_env_args() if env_id == settings.env else {}
+
+
+def load_frozen_policy(path: str, settings: BenchSettings) -> Any:
+    from agentgym_opd.config import load_config
+    from agentgym_opd.trainer import load_policy
+
+    return load_policy(path, load_config(None, [f"model.device={settings.device}"]), trainable=False)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Records, leaderboard, table
+# ----------------------------------------------------------------------------------------------------
+
+
+def bench_section(settings: BenchSettings, **extra: Any) -> dict[str, Any]:
+    return {"budget_episodes": settings.budget, "steps": settings.steps, "episodes_per_step": settings.episodes_per_step,
+            "group_size": settings.group_size, "lr": settings.lr, "temperature": settings.temperature,
+            "seeds": list(settings.seeds), "train_env": settings.env, "env_args": settings.resolved_env_args(),
+            "warm_start": {"steps": settings.warm_steps, "lr": settings.warm_lr,
+                           "context_fraction": settings.warm_context_fraction, "skipped": settings.skip_warm_start},
+            "eval_episodes": settings.eval_episodes, "eval_seed": settings.eval_seed,
+            "max_turns": settings.max_turns, "max_new_tokens": settings.max_new_tokens, **extra}
+
+
+def build_record(env_id: str, episodes: list[Any], *, algorithm: str, student: str, teacher: str | None,
+                 algorithm_config: dict[str, Any], seed: int, wall_time_s: float, curve: list | None) -> dict[str, Any]:
+    from evaluation.runner import make_record
+
+    return make_record(env_id, episodes[0].task.split, episodes, algorithm=algorithm, student=student, teacher=teacher,
+                       algorithm_config=algorithm_config, seed=seed, wall_time_s=wall_time_s, curve=curve or None)
+
+
+def write_records(records: list[dict[str, Any]], out: Path, *, publish: bool, log: Callable[[str], None]) -> Path:
+    """Save the records under ``<out>/records``, put them on the bench's leaderboard (replacing records of
+    the same run identity) and, with ``publish``, on the repo's ``leaderboard/`` (never replacing)."""
+    from evaluation.leaderboard import IDENTITY_FIELDS, Leaderboard
+    from evaluation.records import RecordError
+
+    records_dir = out / "records"
+    shutil.rmtree(records_dir, ignore_errors=True)
+    records_dir.mkdir(parents=True)
+    for r in records:
+        name = f"{r['algorithm']}__{r['env_id'].replace('/', '_')}__seed{r['seed']}.json"
+        (records_dir / name).write_text(json.dumps(r, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    board = Leaderboard(out / "leaderboard")
+    identities = {tuple(r[f] for f in IDENTITY_FIELDS) for r in records}
+    for old in sorted(board.records_dir.glob("*.json")) if board.records_dir.is_dir() else []:
+        try:
+            if tuple(json.loads(old.read_text(encoding="utf-8")).get(f) for f in IDENTITY_FIELDS) in identities:
+                old.unlink()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue  # not ours to judge; build() names it
+    for r in records:
+        board.add(r)
+    board.build()
+    if publish:
+        repo = Leaderboard("leaderboard")
+        for r in records:
+            try:
+                repo.add(r)
+            except RecordError as err:
+                log(f"publish: skipped {r['algorithm']} {r['env_id']} seed {r['seed']}: {err}")
+        repo.build()
+        log("published to leaderboard/")
+    return board.root
+
+
+def summarise_over_seeds(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per algorithm x env split: mean over seeds and standard error across seeds (the leaderboard's rule)."""
+    from evaluation.leaderboard import Leaderboard
+
+    rows = []
+    for row in Leaderboard.rows(records):
+        rows.append({"algorithm": row.algorithm, "env_id": row.env_id, "split": row.split, "student": row.student,
+                     "teacher": row.teacher, "seeds": row.seeds, "n_episodes": row.n_episodes,
+                     "metrics": {k: {"mean": m, "stderr": s} for k, (m, s) in row.metrics.items()}})
+    return rows
+
+
+def format_table(summary: list[dict[str, Any]], failures: dict[str, str], env_ids: list[str], order: list[str]) -> str:
+    """The terminal table: success rate (mean +- se over seeds) per env split, one line per algorithm."""
+    cells: dict[str, dict[str, str]] = {}
+    seeds: dict[str, str] = {}
+    for row in summary:
+        m = row["metrics"]["success_rate"]
+        cells.setdefault(row["algorithm"], {})[row["env_id"]] = f"{m['mean']:.3f} +- {m['stderr']:.3f}"
+        seeds[row["algorithm"]] = ",".join(map(str, row["seeds"]))
+    head = ["algorithm", "seeds", *[f"success {e}" for e in env_ids]]
+    lines = []
+    for name in order:
+        if name in cells:
+            lines.append([name, seeds[name], *[cells[name].get(e, "-") for e in env_ids]])
+        if name in failures:
+            lines.append([name, "FAILED", failures[name][:100]])
+    widths = [max(len(r[i]) for r in [head, *lines] if i < len(r)) for i in range(len(head))]
+    fmt = lambda r: "  ".join(c.ljust(widths[i]) if i < len(widths) else c for i, c in enumerate(r)).rstrip()  # noqa: E731
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, lines)])
+
+
+# ----------------------------------------------------------------------------------------------------
+# The pipeline
+# ----------------------------------------------------------------------------------------------------
+
+
+def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Warm start -> teacher -> every algorithm x seed -> evaluations -> records + leaderboard; the summary.
+
+    Returns (and writes to ``<out>/summary.json``) the per algorithm x split aggregate, the failures,
+    the leaderboard folder and the wall time.
+    """
+    from tqdm import tqdm
+
+    log = log or (lambda text: tqdm.write(text, file=sys.stderr))
+    started = time.perf_counter()
+    if settings.threads is not None:
+        # a tiny model gains nothing from intra-op threads, and on a shared machine they spin against
+        # other processes: measured 10x slower rollouts with 2 threads than 1 on the 2-core build machine
+        import torch
+
+        torch.set_num_threads(settings.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # dozens of "Loading weights" bars would bury the bench's own progress
+    if not settings.seeds:
+        raise BenchError("--seeds needs at least one seed")
+    if settings.steps < 1 or settings.episodes_per_step < 1:
+        raise BenchError("steps and episodes per step must be positive")
+    algos = selected_algorithms(settings)
+    env_ids = evaluation_envs(settings)
+    out = Path(settings.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    flags: dict[str, tuple[bool, bool]] = {}
+    failures: dict[str, str] = {}
+    for name in algos:
+        try:
+            flags[name] = algorithm_flags(name)
+        except Exception as err:  # a plugin that does not import fails its rows, not the bench
+            failures[name] = f"{type(err).__name__}: {err}"
+    if any(g for _, g in flags.values()) and (settings.group_size < 2 or settings.group_size > settings.episodes_per_step
+                                              or settings.episodes_per_step % settings.group_size):
+        raise BenchError(f"group algorithms need 2 <= group_size <= episodes_per_step, episodes_per_step a multiple "
+                         f"of it; got group_size={settings.group_size}, episodes_per_step={settings.episodes_per_step}")
+    want_teacher = any(t for t, _ in flags.values())
+    train_teacher = want_teacher and settings.teacher is None
+    estimate = estimate_seconds(settings, list(flags), len(env_ids), warm=not settings.skip_warm_start,
+                                teacher=train_teacher)
+    log(f"bench: {len(flags)} algorithm(s) {list(flags)} x seeds {settings.seeds}, budget {settings.budget} rollout "
+        f"episodes each ({settings.steps} steps x {settings.episodes_per_step}); eval on {env_ids}; "
+        f"estimated wall time ~{estimate / 60:.1f} min on 2 CPU cores")
+
+    # 1. warm start and teacher
+    base_name = settings.student if settings.student == "tiny" else Path(settings.student).name or settings.student
+    if settings.skip_warm_start:
+        student_path, student_label = settings.student, base_name
+    else:
+        student_path = str(sft_checkpoint(settings, out / "warm_start", steps=settings.warm_steps, lr=settings.warm_lr,
+                                          context_fraction=settings.warm_context_fraction, log=log))
+        student_label = f"{base_name}+sft{settings.warm_steps}"
+    teacher_path, teacher_label = settings.teacher, settings.teacher
+    if train_teacher:
+        teacher_path = str(sft_checkpoint(settings, out / "teacher", steps=settings.teacher_steps, lr=settings.teacher_lr,
+                                          context_fraction=0.0, log=log))
+        teacher_label = f"{base_name}+sft{settings.teacher_steps}"
+
+    records: list[dict[str, Any]] = []
+    section = bench_section(settings)
+
+    # 2. the reference rows: the warm start and the teacher, evaluated once (greedy: no seed to vary)
+    start_success: float | None = None
+    references = [("warm_start", student_path, student_label)] + ([("teacher", teacher_path, teacher_label)] if teacher_path else [])
+    for name, path, label in references:
+        log(f"evaluating {name} ({label}) on {env_ids}")
+        policy = load_frozen_policy(path, settings)
+        for env_id in env_ids:
+            episodes, wall = evaluate_policy(policy, env_id, settings, env_args=eval_env_args(env_id, settings))
+            if name == "warm_start" and env_id == settings.env:
+                start_success = sum(e.success for e in episodes) / len(episodes)
+            records.append(build_record(env_id, episodes, algorithm=name, student=label, teacher=None,
+                                        algorithm_config={"bench": section}, seed=settings.eval_seed,
+                                        wall_time_s=wall, curve=None))
+
+    # 3. every algorithm x seed from the warm start, the same budget
+    runs = [(name, seed) for name in flags for seed in settings.seeds]
+    run_times: list[float] = []
+    results: list[RunResult] = []
+    outer = tqdm(runs, desc="bench", unit="run", disable=not settings.progress, position=0, leave=True)
+    for k, (name, seed) in enumerate(outer):
+        outer.set_description(f"bench {name} seed {seed}")
+        needs_teacher, needs_groups = flags[name]
+        result = RunResult(name, seed)
+        run_dir = out / "runs" / name / f"seed{seed}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        t0 = time.perf_counter()
+        try:
+            overrides = run_overrides(settings, name, seed=seed, run_dir=run_dir, student=student_path,
+                                      teacher=teacher_path, needs_teacher=needs_teacher, needs_groups=needs_groups)
+            trainer = _trainer(overrides, name, settings)
+            result.algo_config = dict(trainer.config.algo)
+            trainer.train()
+            result.train_wall_s = time.perf_counter() - t0
+            result.curve = training_curve(run_dir, settings.episodes_per_step, start_success)
+            for env_id in env_ids:
+                episodes, wall = evaluate_policy(trainer.student, env_id, settings, env_args=eval_env_args(env_id, settings))
+                result.evaluations[env_id], result.eval_wall_s[env_id] = episodes, wall
+        except BenchError:
+            raise
+        except Exception as err:  # the bench goes on; the row says why
+            result.error = f"{type(err).__name__}: {err}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
+            failures.setdefault(name, f"seed {seed}: {result.error}")
+            log(f"{name} seed {seed} FAILED: {result.error} (traceback in {run_dir / 'error.txt'})")
+        run_times.append(time.perf_counter() - t0)
+        results.append(result)
+        left = len(runs) - k - 1
+        if left:
+            log(f"{name} seed {seed} done in {run_times[-1]:.0f}s; ~{left * sum(run_times) / len(run_times) / 60:.1f} min left")
+        if result.error is None:
+            for env_id in env_ids:
+                config = {"algo": result.algo_config,
+                          "bench": {**section, "train_wall_time_s": round(result.train_wall_s, 3)}}
+                records.append(build_record(env_id, result.evaluations[env_id], algorithm=name, student=student_label,
+                                            teacher=teacher_label if needs_teacher else None, algorithm_config=config,
+                                            seed=seed, wall_time_s=result.eval_wall_s[env_id],
+                                            curve=result.curve if env_id == settings.env else None))
+
+    # 4. records, leaderboard, table
+    board = write_records(records, out, publish=settings.publish, log=log)
+    summary_rows = summarise_over_seeds(records)
+    wall = time.perf_counter() - started
+    summary = {"settings": dataclasses.asdict(settings), "eval_envs": env_ids, "student": student_label,
+               "teacher": teacher_label, "rows": summary_rows, "failures": failures,
+               "failed_runs": [{"algorithm": r.algorithm, "seed": r.seed, "error": r.error} for r in results if r.error],
+               "leaderboard": str(board), "wall_time_s": round(wall, 1), "estimated_wall_time_s": round(estimate, 1)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    order = ["warm_start", *(["teacher"] if teacher_path else []), *algos]
+    summary["table"] = format_table(summary_rows, failures, env_ids, order)
+    return summary
+
+
+def mean_success(summary: dict[str, Any], algorithm: str, env_id: str) -> float:
+    """Convenience for scripts and tests: an algorithm's mean success on one env split, NaN if absent."""
+    for row in summary["rows"]:
+        if row["algorithm"] == algorithm and row["env_id"] == env_id:
+            return row["metrics"]["success_rate"]["mean"]
+    return math.nan
