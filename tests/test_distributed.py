@@ -1,0 +1,262 @@
+"""Data-parallel training is the one-process step: 1 vs 2 processes (gloo on CPU), DDP and FSDP2, real batches.
+
+The parent collects ONE real rollout batch (tiny model, household/train, 2 tasks x group 2) and one expert
+batch, and trains a fresh copy of the tiny model on each for 3 SGD steps in one process, on the full
+batch in one micro-batch (the exact global loss). Two spawned ranks (torchrun-style env variables, a free
+port) each load the same model, wrap it, take their shard and run the same 3 steps; rank 0 gathers the
+full state dict. Per-step global losses and final weights must match to 1e-5. One scenario runs the plain
+``Algorithm.update`` under DDP with a token-mean loss and checks that it does NOT match (ranks hold
+different token counts), which is why ``distributed_update`` exists.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import agentgym_opd
+from agentgym_opd import distributed as D
+from agentgym_opd.algorithm import Algorithm
+from agentgym_opd.policy.base import SamplingParams
+from agentgym_opd.policy.hf import HFPolicy
+from agentgym_opd.policy.tiny import default_tiny_model
+from agentgym_opd.rollout import RolloutEngine
+from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
+from algorithms.grpo import GRPO, GRPOConfig
+from algorithms.sft import SFT, SFTConfig, concat_batches, expert_batch
+
+ENV = "household/train"
+STEPS = 3
+LR = 0.05
+GRAD_CLIP = 0.5  # below the first steps' gradient norms (checked), so clipping is part of the comparison
+WORLD = 2
+
+# case -> (algorithm, config overrides); scenario -> (case, strategy, update), where "exact" is
+# distributed_update and "plain" the unmodified Algorithm.update (weights by the LOCAL batch's rows)
+CASES = {
+    "grpo_token_mean": ("grpo", {"aggregation": "token_mean", "kl_coef": 0.05}),
+    "grpo_seq_mean": ("grpo", {"aggregation": "seq_mean_token_mean"}),
+    "sft": ("sft", {}),
+}
+SCENARIOS = {
+    "ddp/grpo_token_mean": ("grpo_token_mean", "ddp", "exact"),
+    "ddp/sft": ("sft", "ddp", "exact"),
+    "ddp/grpo_seq_mean/plain": ("grpo_seq_mean", "ddp", "plain"),
+    "ddp/grpo_token_mean/plain": ("grpo_token_mean", "ddp", "plain"),
+    "fsdp/grpo_token_mean": ("grpo_token_mean", "fsdp", "exact"),
+    "fsdp/sft": ("sft", "fsdp", "exact"),
+}
+
+
+def accept_any(text: str, finish_reason: str):
+    """Send whatever the untrained model says to the env, so rollouts are real multi-turn episodes."""
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "look"), None
+
+
+def make_algorithm(case: str, student, micro_batch_size: int) -> Algorithm:
+    name, overrides = CASES[case]
+    cls, config = (GRPO, GRPOConfig(**overrides)) if name == "grpo" else (SFT, SFTConfig(**overrides))
+    optimizer = torch.optim.SGD([p for p in student.model.parameters() if p.requires_grad], lr=LR)
+    return cls(config, student, optimizer=optimizer, grad_clip=GRAD_CLIP, micro_batch_size=micro_batch_size)
+
+
+def batch_of(case: str, batches: dict):
+    return batches["sft" if CASES[case][0] == "sft" else "grpo"]
+
+
+def run_one_process(model_path, case: str, batch, *, micro_batch_size: int, update: str = "plain"):
+    """Reference: 3 steps in this process; returns (losses, grad norms, final state dict)."""
+    policy = HFPolicy.from_pretrained(model_path)
+    algo = make_algorithm(case, policy, micro_batch_size)
+    ctx = D.DistContext()
+    losses, norms = [], []
+    for _ in range(STEPS):
+        metrics = algo.update(batch) if update == "plain" else D.distributed_update(algo, batch, ctx)
+        losses.append(metrics["loss"])
+        norms.append(metrics["grad_norm"])
+    return losses, norms, {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
+
+
+def _rank_main(rank: int, port: int, model_path: str, batch_file: str, out_dir: str) -> None:
+    """One rank of the 2-process run: env variables as torchrun sets them, then every scenario in turn."""
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    ctx = D.init_distributed(timeout_s=120)
+    assert ctx.enabled and ctx.backend == "gloo" and ctx.rank == rank
+    batches = torch.load(batch_file, weights_only=False)
+    results = {}
+    for scenario, (case, strategy, update) in SCENARIOS.items():
+        policy = HFPolicy.from_pretrained(model_path)
+        algo = D.distribute_algorithm(make_algorithm(case, policy, micro_batch_size=1), strategy, ctx)
+        wrapped = algo.model
+        local = D.shard_batch(batch_of(case, batches), ctx)
+        losses = []
+        for _ in range(STEPS):
+            if update == "exact":
+                metrics = D.distributed_update(algo, local, ctx)
+            else:
+                metrics = D.all_reduce_mean(algo.update(local), ctx)
+            losses.append(metrics["loss"])
+        results[scenario] = {"losses": losses, "state": D.full_state_dict(wrapped, ctx),
+                             "local_tokens": D.loss_tokens(local), "wrapper": type(wrapped).__name__}
+    if ctx.is_main:
+        torch.save(results, os.path.join(out_dir, "results.pt"))
+    D.teardown(ctx)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine, 2 threads per process run ~10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def batches():
+    """A real on-policy batch of two groups (rewards set so advantages are +-1) and a real expert batch."""
+    torch.manual_seed(0)
+    policy = HFPolicy.from_pretrained(default_tiny_model())
+    engine = RolloutEngine(policy, SamplingParams(max_new_tokens=8), action_parser=accept_any)
+    tasks = agentgym_opd.make(ENV).task_ids()[:2]
+    # a group of 2-turn episodes and one of 3-turn episodes, so the two ranks' token counts differ
+    groups = [engine.collect(ENV, [task], group_size=2, seed=3 + 2 * k, max_turns=2 + k) for k, task in enumerate(tasks)]
+    grpo = concat_batches(groups, pad_id=policy.pad_id)
+    grpo.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    template = RolloutEngine(policy, SamplingParams(max_new_tokens=8), system_prompt=DEFAULT_SYSTEM_PROMPT)
+    env = agentgym_opd.make(ENV, num_tasks=3, max_turns=10)
+    sft = expert_batch(policy, env, env.task_ids()[:2], engine_template=template)
+    return {"grpo": grpo, "sft": sft}
+
+
+@pytest.fixture(scope="module")
+def references(batches):
+    """The one-process runs on the full batch, one micro-batch: the exact global loss of each case."""
+    path = default_tiny_model()
+    return {case: run_one_process(path, case, batch_of(case, batches), micro_batch_size=len(batch_of(case, batches)))
+            for case in CASES}
+
+
+@pytest.fixture(scope="module")
+def two_process_results(batches, tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    batch_file = out / "batches.pt"
+    torch.save(batches, batch_file)
+    mp.spawn(_rank_main, args=(free_port(), str(default_tiny_model()), str(batch_file), str(out)),
+             nprocs=WORLD, join=True)
+    return torch.load(out / "results.pt", weights_only=False)
+
+
+def assert_same_weights(got: dict, want: dict) -> float:
+    """Every parameter of the reference is in ``got`` and equal to 1e-5; returns the largest difference."""
+    missing = set(want) - set(got)
+    assert not missing - {"lm_head.weight"}, f"gathered state dict lacks {sorted(missing)[:3]}"
+    worst = 0.0
+    for name, value in want.items():
+        if name in got:
+            torch.testing.assert_close(got[name], value, atol=1e-5, rtol=0, msg=lambda m: f"{name}: {m}")
+            worst = max(worst, float((got[name] - value).abs().max()))
+    return worst
+
+
+def test_the_batches_make_the_comparison_meaningful(batches, references):
+    """Shards hold different token counts, advantages are non-zero, clipping is active, weights move."""
+    ctx0, ctx1 = D.DistContext(rank=0, world_size=WORLD), D.DistContext(rank=1, world_size=WORLD)
+    for name in ("grpo", "sft"):
+        tokens = [D.loss_tokens(D.shard_batch(batches[name], c)) for c in (ctx0, ctx1)]
+        assert tokens[0] != tokens[1] and min(tokens) > 0, tokens
+    initial = HFPolicy.from_pretrained(default_tiny_model()).model.state_dict()
+    for case, (losses, norms, state) in references.items():
+        assert norms[0] > GRAD_CLIP, (case, norms)
+        moved = max(float((state[k] - initial[k]).abs().max()) for k in initial)
+        assert moved > 1e-3, (case, moved)
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(two_process_results, references):
+    for scenario, (case, strategy, update) in SCENARIOS.items():
+        got = two_process_results[scenario]
+        losses, _, state = references[case]
+        assert got["wrapper"] == ("_DDP" if strategy == "ddp" else "FSDPLlamaForCausalLM")
+        if scenario == "ddp/grpo_token_mean/plain":
+            continue  # checked below
+        assert got["losses"] == pytest.approx(losses, abs=1e-5), scenario
+        assert_same_weights(got["state"], state)
+
+
+def test_plain_update_under_ddp_is_not_exact_for_token_mean(two_process_results, references):
+    """mean_r(S_r / C_r) != sum_r S_r / sum_r C_r when ranks hold different token counts."""
+    got = two_process_results["ddp/grpo_token_mean/plain"]
+    losses, _, state = references["grpo_token_mean"]
+    assert max(abs(a - b) for a, b in zip(got["losses"], losses)) > 1e-4
+    worst = max(float((got["state"][k] - state[k]).abs().max()) for k in state if k in got["state"])
+    assert worst > 1e-4
+
+
+def test_one_process_micro_batching_is_exact_with_token_weights(batches, references):
+    """The same weighting makes micro-batches exact inside one process; row shares are not, for token means."""
+    path = default_tiny_model()
+    want_losses, _, want_state = references["grpo_token_mean"]
+    losses, _, state = run_one_process(path, "grpo_token_mean", batches["grpo"], micro_batch_size=1, update="exact")
+    assert losses == pytest.approx(want_losses, abs=1e-5)
+    assert_same_weights(state, want_state)
+    row_losses, _, _ = run_one_process(path, "grpo_token_mean", batches["grpo"], micro_batch_size=1, update="plain")
+    assert max(abs(a - b) for a, b in zip(row_losses, want_losses)) > 1e-4
+
+
+def test_per_rank_rollouts_are_the_shards_of_the_one_process_batch():
+    """shard_tasks + its seed offset: rank 1 collecting alone samples the very tokens of rows 2..3."""
+    policy = HFPolicy.from_pretrained(default_tiny_model())
+    engine = RolloutEngine(policy, SamplingParams(max_new_tokens=6), action_parser=accept_any)
+    tasks = agentgym_opd.make(ENV).task_ids()[:2]
+    whole = engine.collect(ENV, tasks, group_size=2, seed=11, max_turns=2)
+    local_tasks, first_row = D.shard_tasks(tasks, D.DistContext(rank=1, world_size=2), group_size=2)
+    local = engine.collect(ENV, local_tasks, group_size=2, seed=11 + first_row, max_turns=2)
+    assert [e.input_ids for e in local.episodes] == [e.input_ids for e in whole.episodes[2:]]
+    assert len({tuple(e.input_ids) for e in whole.episodes}) == 4  # sampled, not all the same
+
+
+def test_sharding_rules(batches):
+    with pytest.raises(ValueError, match="5 rows does not split evenly over world size 2"):
+        D.shard_rows(5, 0, 2)
+    assert D.shard_rows(6, 2, 3) == slice(4, 6)
+    shard = D.shard_batch(batches["grpo"], D.DistContext(rank=1, world_size=2))
+    assert len(shard) == 2 and shard.group_ids.tolist() == [1, 1] and shard.rewards.tolist() == [0.0, 1.0]
+    assert shard.episodes == batches["grpo"].episodes[2:]
+    with pytest.raises(ValueError, match="cuts group 0"):
+        D.shard_batch(batches["grpo"], D.DistContext(rank=0, world_size=4))
+    tasks, first_row = D.shard_tasks(["a", "b", "c", "d"], D.DistContext(rank=1, world_size=2), group_size=3)
+    assert tasks == ["c", "d"] and first_row == 6
+
+
+def test_single_process_is_a_no_op_and_bad_launch_env_is_explained(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    ctx = D.init_distributed()
+    assert not ctx.enabled and ctx.is_main and ctx.world_size == 1
+    model = torch.nn.Linear(2, 2)
+    assert all(D.wrap_model(model, s, ctx) is model for s in D.STRATEGIES)
+    with pytest.raises(ValueError, match="unknown distributed strategy 'zero3'"):
+        D.wrap_model(model, "zero3", ctx)
+    assert D.all_reduce_mean({"loss": 2.0}, ctx) == {"loss": 2.0}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="RANK is not set: launch with torchrun"):
+        D.init_distributed()
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(RuntimeError, match="MASTER_ADDR is not set"):
+        D.init_distributed()
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(RuntimeError, match="RANK=2 is outside"):
+        D.init_distributed()
