@@ -94,6 +94,8 @@ class TrainConfig:
     grad_accum: int = constrained(1, ge=1)
     log_every: int = constrained(1, ge=1)
     checkpoint_every: int = constrained(0, ge=0, help="steps between checkpoints; 0 = only at the end")
+    strategy: str = constrained("none", choices=("none", "ddp", "fsdp"),
+                                help="data parallelism under torchrun: ddp or fsdp (none = one process)")
 
 
 @dataclass

@@ -41,29 +41,15 @@ NOTES (decisions, for the lead)
 - Measured (tests/test_distributed.py, tiny model, 3 SGD steps, grad clip active): DDP and FSDP2 on 2 gloo
   ranks match one process to < 1e-5 in losses and weights; the plain ``Algorithm.update`` under DDP with
   GRPO token_mean is off by 1.3e-3 in the step-2 loss and 5.6e-4 in weights (shards of 32 vs 48 tokens).
-  ``scripts/train_distributed.py`` (SFT, 3 steps, per-rank rollouts): 1 process vs torchrun x2 DDP gives
-  bit-identical weights, FSDP2 within 2.2e-7.
+  ``agentgym-opd train`` under torchrun x2 (SFT, 3 steps, per-rank rollouts) matches one process in losses
+  and final weights for DDP and FSDP2 (tests/test_distributed.py).
 
-Recommended Trainer integration
--------------------------------
-1. ``Trainer.__init__``: ``self.dist = init_distributed()`` FIRST (on CUDA it selects the rank's device
-   before the student loads); then build the algorithm as today; then
-   ``distribute_algorithm(self.algorithm, config.train.strategy, self.dist)`` (new config key
-   ``train.strategy: none|ddp|fsdp``); build the LR scheduler AFTER it (FSDP2 rebuilds the optimiser).
-   Under FSDP give ``self.engine`` / ``self.eval_engine`` an unsharded rollout copy of the student.
-2. ``train_step``: draw the task list as today (same on all ranks), ``local, first = shard_tasks(tasks,
-   self.dist, self.group_size)``, collect ``local`` with ``seed=rollout_seed + first`` on
-   ``self.envs[:len(local) * G]``; ``metrics = distributed_update(self.algorithm, batch, self.dist)``
-   instead of ``self.algorithm.update(batch)``; ``stats = all_reduce_mean(batch_metrics(batch), self.dist)``
-   (times world size for the token counts); refresh the FSDP rollout copy from
-   ``full_state_dict(model, ctx, rank0_only=False)``; ``_log`` and the progress bar on ``is_main`` only.
-   ``tasks_per_step`` must be a multiple of the world size (``shard_rows`` says so).
-3. ``evaluate``: rank 0 only under DDP (the bare module needs no collectives); under FSDP with the copy.
-4. ``save_checkpoint``: ``trainable = full_state_dict(model, ctx, trainable_only=True)`` on every rank (a
-   collective under FSDP), files written on ``is_main`` only; ``save_pretrained`` from the bare module
-   (DDP) or the refreshed copy (FSDP); FSDP optimiser state via ``get_optimizer_state_dict``.
-   ``resume``: ``load_full_state_dict`` on every rank.
-5. End of ``train``: ``teardown(self.dist)`` (the CLI, after ``trainer.train()``).
+How the Trainer uses it (``agentgym_opd/trainer.py``; run ``torchrun --nproc_per_node N -m agentgym_opd.cli
+train ... train.strategy=ddp|fsdp``): ``init_distributed`` before the student loads; the algorithm is built as
+for one process, then ``distribute_algorithm``; each step every rank draws the same task list and collects
+its ``shard_tasks`` share (seeded by its first global row), ``distributed_update`` steps, metrics are
+``all_reduce_mean``-ed, rank 0 logs, evaluates and saves (``full_state_dict`` under FSDP, a collective);
+under FSDP rollouts and eval use an unsharded copy refreshed after every update.
 - ``shard_batch`` refuses a shard boundary that cuts a group of rollouts (GRPO's advantages are
   normalised within a group, so a split group would silently change them).
 - Non-finite losses are detected collectively (one tiny all-reduce per micro-batch), so every rank raises
@@ -71,12 +57,10 @@ Recommended Trainer integration
 
 What remains (not done here)
 ----------------------------
-- Rollouts under FSDP: a sharded module all-gathers in every forward, so ranks generating different numbers
-  of tokens would deadlock. Generate with an unsharded copy refreshed from
-  ``full_state_dict(model, ctx, rank0_only=False)`` after each update, or with the vLLM backend's weight sync.
-- Optimiser state of an FSDP run is sharded (DTensors): checkpoint it with
-  ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict`` (not written here).
-- The Trainer integration itself (above; ``scripts/train_distributed.py`` is that loop, standalone).
+- Optimiser state of an FSDP run is sharded (DTensors): the Trainer refuses to resume an FSDP run;
+  checkpointing it needs ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``.
+- The unsharded rollout copy under FSDP costs one full model per rank: fine for rollouts on a 0.6-8B
+  student; beyond that rollouts belong to the vLLM backend with weight sync.
 - Not tried on CUDA/nccl (no GPU here); the code paths are the standard ones (device_ids, set_device).
 """
 

@@ -12,6 +12,10 @@ One step:
    env), over its first ``eval.episodes`` task ids in stable order, so evaluations are comparable;
 6. every ``train.checkpoint_every`` steps and at the end: a checkpoint.
 
+Distributed (``torchrun --nproc_per_node N -m agentgym_opd.cli train ... train.strategy=ddp|fsdp``): every
+rank draws the same task list, collects its contiguous share, and :func:`agentgym_opd.distributed.
+distributed_update` makes the averaged gradient the global batch's; rank 0 logs, evaluates and saves.
+
 Checkpoint layout (``<output_dir>/checkpoints/step_<N>/``): ``model/`` (``save_pretrained`` of the student
 and its tokenizer: a LoRA student saves its adapter), ``trainer_state.pt`` (trainable weights, optimiser and
 algorithm state, RNG states, step), ``config.yaml`` (the full run config). Resuming loads the student from
@@ -35,6 +39,7 @@ from tqdm import tqdm
 from agentgym_opd.algorithm import Algorithm
 from agentgym_opd.config import RunConfig, save_config
 from agentgym_opd.policy.base import SamplingParams
+from agentgym_opd import distributed as D
 from agentgym_opd.registry import algorithm_registry, load_entry_point, make
 from agentgym_opd.rollout import RolloutBatch, RolloutEngine
 
@@ -100,6 +105,13 @@ class Trainer:
         if self.algo_cls.needs_groups and config.rollout.group_size < 2:
             raise ValueError(f"{config.algorithm} compares rollouts within a group: set rollout.group_size >= 2")
         self.config = config
+        # under torchrun: join the process group first (on CUDA it picks this rank's device before loading)
+        self.dist = D.init_distributed()
+        if self.dist.enabled and config.train.strategy == "none":
+            raise ValueError(f"launched on {self.dist.world_size} processes: set train.strategy=ddp or fsdp")
+        if config.rollout.tasks_per_step % self.dist.world_size:
+            raise ValueError(f"rollout.tasks_per_step={config.rollout.tasks_per_step} must be a multiple of the "
+                             f"{self.dist.world_size} processes (each collects an equal share)")
         self.output_dir = Path(config.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.progress = progress
@@ -117,14 +129,21 @@ class Trainer:
         self.algorithm = self.algo_cls(algo_config, self.student, self.teacher, optimizer=optimizer,
                                        grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size,
                                        work_dir=str(self.output_dir))
+        self.algorithm = D.distribute_algorithm(self.algorithm, t.strategy, self.dist)
+        optimizer = self.algorithm.optimizer  # FSDP2 rebuilds it over the sharded parameters
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / t.warmup_steps) if t.warmup_steps else 1.0)
         r = config.rollout
+        # a sharded FSDP network cannot generate (each forward is a collective; ranks generate different
+        # lengths): rollouts and eval use an unsharded copy, refreshed after every update
+        self.rollout_copy = (load_policy(config.model.student, config, trainable=False)
+                             if D.is_fsdp(self.algorithm.model) else None)
+        rollout_policy = self.rollout_copy or self.student
         self.engine = RolloutEngine(
-            self.student, SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p),
+            rollout_policy, SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p),
             max_context_tokens=config.model.max_seq_len, system_prompt=system_prompt, action_parser=action_parser)
         self.eval_engine = RolloutEngine(
-            self.student, SamplingParams(max_new_tokens=r.max_new_tokens, temperature=config.eval.temperature),
+            rollout_policy, SamplingParams(max_new_tokens=r.max_new_tokens, temperature=config.eval.temperature),
             max_context_tokens=config.model.max_seq_len, system_prompt=system_prompt, action_parser=action_parser)
         self.group_size = r.group_size if self.algo_cls.needs_groups else 1
         self.envs = [make(config.env, **self.env_overrides) for _ in range(r.tasks_per_step * self.group_size)]
@@ -140,9 +159,11 @@ class Trainer:
         """Run until ``train.steps`` updates are done (or ``steps`` more, to stop early on purpose)."""
         target = self.config.train.steps if steps is None else min(self.config.train.steps, self.step + steps)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        save_config(self.config, self.output_dir / "config.yaml")
+        if self.dist.is_main:
+            save_config(self.config, self.output_dir / "config.yaml")
         last: dict[str, float] = {}
-        bar = tqdm(total=self.config.train.steps, initial=self.step, disable=not self.progress, desc=self.config.algorithm)
+        bar = tqdm(total=self.config.train.steps, initial=self.step, disable=not (self.progress and self.dist.is_main),
+                   desc=self.config.algorithm)
         with bar:
             while self.step < target:
                 last = self.train_step()
@@ -157,26 +178,40 @@ class Trainer:
 
     def train_step(self) -> dict[str, float]:
         r = self.config.rollout
-        tasks = [self.task_rng.choice(self.task_ids) for _ in range(r.tasks_per_step)]
-        rollout_seed = self.config.seed * 1_000_000_007 + self.step * r.tasks_per_step * self.group_size
+        tasks = [self.task_rng.choice(self.task_ids) for _ in range(r.tasks_per_step)]  # the same on every rank
+        local, first_row = D.shard_tasks(tasks, self.dist, self.group_size)  # this rank's share (all of it alone)
+        rollout_seed = self.config.seed * 1_000_000_007 + self.step * r.tasks_per_step * self.group_size + first_row
         started = time.perf_counter()
-        batch = self.algorithm.collect(self.engine, self.envs, tasks, group_size=self.group_size, seed=rollout_seed)
+        batch = self.algorithm.collect(self.engine, self.envs[: len(local) * self.group_size], local,
+                                       group_size=self.group_size, seed=rollout_seed)
         rollout_s = time.perf_counter() - started
         started = time.perf_counter()
-        metrics = self.algorithm.update(batch)
+        metrics = D.distributed_update(self.algorithm, batch, self.dist) if self.dist.enabled else self.algorithm.update(batch)
         self.scheduler.step()
+        self._sync_rollout_copy()
         update_s = time.perf_counter() - started
         self.step += 1
-        stats = batch_metrics(batch)
+        stats = D.all_reduce_mean(batch_metrics(batch), self.dist)
+        for count in ("agent_tokens", "tokens"):  # global batch totals, not per-rank means
+            stats[count] *= self.dist.world_size
         record = {"step": self.step, **metrics, **stats, "lr": self.scheduler.get_last_lr()[0],
                   "rollout_s": rollout_s, "update_s": update_s,
                   "rollout_tokens_per_s": stats["agent_tokens"] / max(rollout_s, 1e-9),
                   "train_tokens_per_s": stats["tokens"] / max(update_s, 1e-9)}
+        if self.dist.enabled:
+            record.update({"world_size": self.dist.world_size, "strategy": self.config.train.strategy})
         every = self.config.eval.every
-        if every and self.step % every == 0:
+        if every and self.step % every == 0 and self.dist.is_main:  # rank 0 evaluates; the others wait at the next collective
             record.update({f"eval/{k}": v for k, v in self.evaluate().items()})
-        self._log(record)
+        if self.dist.is_main:
+            self._log(record)
         return record
+
+    def _sync_rollout_copy(self) -> None:
+        """Under FSDP: copy the gathered weights into the unsharded rollout network (a collective)."""
+        if self.rollout_copy is not None:
+            full = D.full_state_dict(self.algorithm.model, self.dist, rank0_only=False)
+            self.rollout_copy.model.load_state_dict(full, strict=False)
 
     def evaluate(self) -> dict[str, float]:
         """Greedy (``eval.temperature``) success rate on the eval env's first ``eval.episodes`` tasks."""
@@ -200,11 +235,19 @@ class Trainer:
         return self.output_dir / "checkpoints" / f"step_{self.step if step is None else step}"
 
     def save_checkpoint(self) -> Path:
+        """Rank 0 writes (every rank must call it: under FSDP gathering the weights is a collective)."""
         path = self.checkpoint_dir()
+        if self.rollout_copy is not None:
+            trainable = D.full_state_dict(self.algorithm.model, self.dist, trainable_only=True)
+            saved_model = self.rollout_copy.model  # holds the same, gathered weights (synced after each update)
+        else:
+            trainable = {n: p.detach().cpu().clone() for n, p in self.student.model.named_parameters() if p.requires_grad}
+            saved_model = self.student.model
+        if not self.dist.is_main:
+            return path
         path.mkdir(parents=True, exist_ok=True)
-        self.student.model.save_pretrained(path / "model")
+        saved_model.save_pretrained(path / "model")
         self.student.tokenizer.save_pretrained(path / "model")
-        trainable = {n: p.detach().cpu().clone() for n, p in self.student.model.named_parameters() if p.requires_grad}
         state = {"step": self.step, "trainable": trainable, "algorithm": self.algorithm.state_dict(),
                  "scheduler": self.scheduler.state_dict(), "task_rng": self.task_rng.getstate(),
                  "torch_rng": torch.get_rng_state(), "python_rng": random.getstate(),
@@ -226,6 +269,9 @@ class Trainer:
         state_file = path / "trainer_state.pt"
         if not state_file.is_file():
             raise FileNotFoundError(f"no checkpoint at {path} (expected {state_file})")
+        if self.rollout_copy is not None:
+            raise NotImplementedError("resuming an FSDP run is not supported yet (its optimiser state is sharded); "
+                                      "resume with train.strategy=ddp, or start from the checkpoint's model/ folder")
         state = torch.load(state_file, map_location="cpu", weights_only=False)
         named = dict(self.student.model.named_parameters())
         missing = sorted(set(state["trainable"]) - set(named))
@@ -246,7 +292,7 @@ class Trainer:
 
     def _truncate_metrics(self) -> None:
         path = self.output_dir / "metrics.jsonl"
-        if not path.is_file():
+        if not path.is_file() or not self.dist.is_main:
             return
         kept = [line for line in path.read_text(encoding="utf-8").splitlines()
                 if line.strip() and json.loads(line).get("step", 0) <= self.step]

@@ -260,3 +260,53 @@ def test_single_process_is_a_no_op_and_bad_launch_env_is_explained(monkeypatch):
     monkeypatch.setenv("RANK", "2")
     with pytest.raises(RuntimeError, match="RANK=2 is outside"):
         D.init_distributed()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The same `agentgym-opd train` command under torchrun
+# ----------------------------------------------------------------------------------------------------
+
+
+def _train_cli(out, *prefix: str, strategy: str = "none") -> list[str]:
+    return [*prefix, "-m", "agentgym_opd.cli", "train", "--algo", "sft", "--env", "household/train", "--student", "tiny",
+            "--output-dir", str(out), "--no-progress", "--env-arg", "num_tasks=4", "model.device=cpu",
+            "train.steps=3", "train.lr=1e-3", "train.optimizer=sgd", "train.micro_batch_size=1",
+            "rollout.tasks_per_step=2", "rollout.max_turns=4", f"train.strategy={strategy}"]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_train_command_under_torchrun_matches_one_process(tmp_path, strategy):
+    """`torchrun --nproc_per_node 2 -m agentgym_opd.cli train ... train.strategy=X` is the one-process run."""
+    import json
+    import subprocess
+    import sys
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(_train_cli(one, sys.executable), cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                "--master_port", str(port)]
+    done = subprocess.run(_train_cli(two, *torchrun, strategy=strategy), cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    rows = {name: [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            for name, out in (("one", one), ("two", two))}
+    assert [r["step"] for r in rows["two"]] == [1, 2, 3], "rank 0 alone logs, once per step"
+    assert all(r["world_size"] == 2 and r["strategy"] == strategy for r in rows["two"])
+    for a, b in zip(rows["one"], rows["two"]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5), (strategy, a["step"])
+        assert b["tokens"] == a["tokens"], "global token totals, not one rank's"
+    final = {name: torch.load(out / "checkpoints" / "step_3" / "trainer_state.pt", weights_only=False)["trainable"]
+             for name, out in (("one", one), ("two", two))}
+    assert final["one"].keys() == final["two"].keys()
+    for name in final["one"]:
+        torch.testing.assert_close(final["two"][name], final["one"][name], rtol=1e-5, atol=1e-6)
+    reloaded = HFPolicy.from_pretrained(two / "checkpoints" / "step_3" / "model")  # the saved model is whole
+    for name, value in final["one"].items():
+        torch.testing.assert_close(dict(reloaded.model.named_parameters())[name].detach(), value, rtol=1e-5, atol=1e-6)

@@ -62,8 +62,20 @@ def run(args: argparse.Namespace) -> int:
     Path(config.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(config.output_dir) / "env_args.json").write_text(json.dumps(env_args, indent=2) + "\n")
     if args.resume:
-        trainer.resume(args.resume)
-    last = trainer.train()
-    summary = {k: v for k, v in last.items() if isinstance(v, (int, float))}
-    print(json.dumps({"step": trainer.step, "output_dir": str(config.output_dir), **summary}))
+        try:
+            trainer.resume(args.resume)
+        except (FileNotFoundError, ValueError, NotImplementedError) as err:
+            print(f"error: cannot resume: {err}", file=sys.stderr)
+            return 2
+    from agentgym_opd.distributed import teardown
+
+    try:
+        last = trainer.train()
+    except BaseException:
+        teardown(trainer.dist, barrier=False)  # the other ranks may never reach a barrier
+        raise
+    teardown(trainer.dist)
+    if trainer.dist.is_main:
+        summary = {k: v for k, v in last.items() if isinstance(v, (int, float))}
+        print(json.dumps({"step": trainer.step, "output_dir": str(config.output_dir), **summary}))
     return 0
