@@ -86,6 +86,9 @@ class Algorithm:
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size
         self.work_dir = work_dir  # the run's output folder, for state an algorithm keeps on disk (e.g. a bank)
+        from agentgym_opd.distributed import DistContext
+
+        self.dist = DistContext()  # one process; the Trainer sets the torchrun context
         self.optimizer = optimizer or torch.optim.AdamW(self.trainable_parameters(), lr=1e-5)
 
     # ------------------------------------------------------------------ what subclasses write
@@ -121,28 +124,15 @@ class Algorithm:
         return params
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
-        """One optimiser step on ``batch``; returns the metrics averaged over micro-batches (row-weighted)."""
-        if len(batch) == 0:
-            raise ValueError("update: empty batch")
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        total = len(batch)
-        sums: dict[str, float] = {}
-        for start in range(0, total, self.micro_batch_size):
-            rows = slice(start, min(start + self.micro_batch_size, total))
-            share = (rows.stop - rows.start) / total
-            loss, metrics = self.compute_loss(batch, rows)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"{type(self).__name__}: non-finite loss {float(loss)} (metrics {metrics})")
-            (loss * share).backward()
-            for key, value in {"loss": float(loss.detach()), **metrics}.items():
-                sums[key] = sums.get(key, 0.0) + share * float(value)
-        if self.grad_clip is not None:
-            sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.grad_clip))
-        self.optimizer.step()
-        self.after_update()
-        self.model.eval()
-        return sums
+        """One optimiser step on ``batch``; returns the metrics averaged over micro-batches like the loss.
+
+        Micro-batch ``m`` of a token-mean loss is weighted by its share of the batch's loss tokens (of the
+        rows, for per-sequence aggregations), so the step is the full batch's gradient whatever
+        ``micro_batch_size`` is, and, under torchrun (``self.dist`` set by the Trainer), the global batch's
+        across ranks: :func:`agentgym_opd.distributed.distributed_update` is the one implementation."""
+        from agentgym_opd.distributed import distributed_update
+
+        return distributed_update(self, batch, self.dist)
 
     def state_dict(self) -> dict[str, Any]:
         return {"config": dataclasses.asdict(self.config), "optimizer": self.optimizer.state_dict(),

@@ -130,6 +130,7 @@ class Trainer:
                                        grad_clip=t.grad_clip, micro_batch_size=t.micro_batch_size,
                                        work_dir=str(self.output_dir))
         self.algorithm = D.distribute_algorithm(self.algorithm, t.strategy, self.dist)
+        self.algorithm.dist = self.dist
         optimizer = self.algorithm.optimizer  # FSDP2 rebuilds it over the sharded parameters
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / t.warmup_steps) if t.warmup_steps else 1.0)
@@ -186,7 +187,7 @@ class Trainer:
                                        group_size=self.group_size, seed=rollout_seed)
         rollout_s = time.perf_counter() - started
         started = time.perf_counter()
-        metrics = D.distributed_update(self.algorithm, batch, self.dist) if self.dist.enabled else self.algorithm.update(batch)
+        metrics = self.algorithm.update(batch)  # exact global-batch step across ranks (Algorithm.update)
         self.scheduler.step()
         self._sync_rollout_copy()
         update_s = time.perf_counter() - started
