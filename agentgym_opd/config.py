@@ -78,6 +78,9 @@ class ModelConfig:
     lora_alpha: float = constrained(16.0, gt=0)
     lora_dropout: float = constrained(0.0, ge=0, lt=1)
     max_seq_len: int = constrained(2048, ge=1, help="longest prompt + history the policy sees, in tokens")
+    vllm_tensor_parallel_size: int = constrained(1, ge=1, help="backend=vllm: GPUs the rollout engine spans")
+    vllm_gpu_memory_utilization: float = constrained(0.3, gt=0, le=1,
+                                                     help="backend=vllm: share of GPU memory (host RAM on CPU) for vLLM")
 
 
 @dataclass

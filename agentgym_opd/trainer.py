@@ -80,6 +80,29 @@ def load_policy(path: str | None, config: RunConfig, *, trainable: bool) -> Any:
     return policy
 
 
+def make_vllm_engine(config: RunConfig) -> Any:
+    """The vLLM rollout engine of ``model.backend=vllm``: the student's weights, synced after every update.
+
+    Under torchrun every rank runs its own engine beside its trainer (colocated); tensor parallelism
+    (``model.vllm_tensor_parallel_size``) spans GPUs within one rank's engine."""
+    from agentgym_opd.policy.vllm_backend import VLLMPolicy
+
+    m = config.model
+    if m.lora_rank and config.train.strategy == "fsdp":
+        raise ValueError("model.backend=vllm with LoRA under FSDP is not supported: use train.strategy=ddp or full weights")
+    path = m.student
+    if path == TINY_STUDENT:
+        from agentgym_opd.policy.tiny import default_tiny_model
+
+        path = str(default_tiny_model())
+    try:
+        return VLLMPolicy(path, dtype=m.dtype, max_model_len=m.max_seq_len + config.rollout.max_new_tokens,
+                          seed=config.seed, tensor_parallel_size=m.vllm_tensor_parallel_size,
+                          gpu_memory_utilization=m.vllm_gpu_memory_utilization)
+    except ImportError as err:
+        raise ValueError(f"model.backend=vllm: {err}") from err
+
+
 def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
     """Outcome statistics of the episodes one update trained on."""
     eps = batch.episodes
@@ -136,10 +159,11 @@ class Trainer:
             optimizer, lambda s: min(1.0, (s + 1) / t.warmup_steps) if t.warmup_steps else 1.0)
         r = config.rollout
         # a sharded FSDP network cannot generate (each forward is a collective; ranks generate different
-        # lengths): rollouts and eval use an unsharded copy, refreshed after every update
+        # lengths): it keeps an unsharded copy, refreshed after every update, for rollouts and saving
         self.rollout_copy = (load_policy(config.model.student, config, trainable=False)
                              if D.is_fsdp(self.algorithm.model) else None)
-        rollout_policy = self.rollout_copy or self.student
+        self.vllm = make_vllm_engine(config) if config.model.backend == "vllm" else None
+        rollout_policy = self.vllm or self.rollout_copy or self.student
         self.engine = RolloutEngine(
             rollout_policy, SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p),
             max_context_tokens=config.model.max_seq_len, system_prompt=system_prompt, action_parser=action_parser)
@@ -209,10 +233,12 @@ class Trainer:
         return record
 
     def _sync_rollout_copy(self) -> None:
-        """Under FSDP: copy the gathered weights into the unsharded rollout network (a collective)."""
+        """After an update: FSDP's gathered weights into the unsharded copy (a collective); then into vLLM."""
         if self.rollout_copy is not None:
             full = D.full_state_dict(self.algorithm.model, self.dist, rank0_only=False)
             self.rollout_copy.model.load_state_dict(full, strict=False)
+        if self.vllm is not None:
+            self.vllm.sync_weights((self.rollout_copy or self.student).model)
 
     def evaluate(self) -> dict[str, float]:
         """Greedy (``eval.temperature``) success rate on the eval env's first ``eval.episodes`` tasks."""
@@ -289,6 +315,8 @@ class Trainer:
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.step = int(state["step"])
+        if self.vllm is not None:
+            self.vllm.sync_weights(self.student.model)
         self._truncate_metrics()
 
     def _truncate_metrics(self) -> None:

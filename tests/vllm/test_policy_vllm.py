@@ -31,6 +31,45 @@ def test_vllm_generate_contract_and_weight_sync(tmp_path):
     assert res["matches_hf_after_sync"] < 1e-2
 
 
+def test_trainer_rolls_out_with_vllm_and_syncs_it_after_each_update(tmp_path):
+    out = tmp_path / "trainer.json"
+    proc = subprocess.run([VLLM_PYTHON, __file__, str(out), "trainer", str(tmp_path / "run")], capture_output=True,
+                          text=True, timeout=900, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["engine_is_vllm"]
+    assert res["eval_logged"], "eval went through the vLLM engine"
+    assert res["weights_moved"]
+    assert res["vllm_matches_trained_student"] < 1e-2  # the engine holds the updated weights, not the initial ones
+
+
+def _trainer_main(result_path: str, run_dir: str) -> None:
+    import torch
+
+    from agentgym_opd.config import load_config
+    from agentgym_opd.policy.base import SamplingParams
+    from agentgym_opd.policy.vllm_backend import VLLMPolicy
+    from agentgym_opd.trainer import Trainer, algorithm_class
+
+    overrides = ["algorithm=sft", "env=household/train", f"output_dir={run_dir}", "model.student=tiny",
+                 "model.device=cpu", "model.backend=vllm", "model.vllm_gpu_memory_utilization=0.08",
+                 "model.max_seq_len=1024", "train.steps=2", "train.lr=1e-2", "rollout.tasks_per_step=2",
+                 "rollout.max_turns=3", "rollout.max_new_tokens=8", "eval.every=2", "eval.episodes=2"]
+    config = load_config(None, overrides, algo_config_cls=algorithm_class("sft").Config)
+    trainer = Trainer(config, env_overrides={"num_tasks": 4}, progress=False)
+    initial = {n: p.detach().clone() for n, p in trainer.student.model.named_parameters()}
+    trainer.train()
+    moved = any(not torch.equal(initial[n], p) for n, p in trainer.student.model.named_parameters())
+    prompt = [trainer.student.apply_chat_template([{"role": "user", "content": "go to countertop 1"}])]
+    greedy = SamplingParams(max_new_tokens=12, temperature=0)
+    gen = trainer.vllm.generate(prompt, greedy)[0]
+    gap = float((torch.tensor(gen.logprobs) - trainer.student.score(prompt, [gen.token_ids])[0].logprobs).abs().max())
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    Path(result_path).write_text(json.dumps({
+        "engine_is_vllm": isinstance(trainer.engine.policy, VLLMPolicy), "weights_moved": moved,
+        "eval_logged": "eval/success" in rows[-1], "vllm_matches_trained_student": gap}))
+
+
 def _main(result_path: str) -> None:
     import torch
 
@@ -67,4 +106,7 @@ def _main(result_path: str) -> None:
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1])
+    if len(sys.argv) > 2 and sys.argv[2] == "trainer":
+        _trainer_main(sys.argv[1], sys.argv[3])
+    else:
+        _main(sys.argv[1])
