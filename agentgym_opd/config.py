@@ -93,9 +93,7 @@ class TrainConfig:
     weight_decay: float = constrained(0.0, ge=0)
     grad_clip: float | None = constrained(1.0, gt=0, help="max grad norm; None disables clipping")
     warmup_steps: int = constrained(0, ge=0)
-    micro_batch_size: int = constrained(4, ge=1, help="sequences per forward/backward")
-    grad_accum: int = constrained(1, ge=1)
-    log_every: int = constrained(1, ge=1)
+    micro_batch_size: int = constrained(4, ge=1, help="sequences per forward/backward; a step accumulates them all")
     checkpoint_every: int = constrained(0, ge=0, help="steps between checkpoints; 0 = only at the end")
     strategy: str = constrained("none", choices=("none", "ddp", "fsdp"),
                                 help="data parallelism under torchrun: ddp or fsdp (none = one process)")
@@ -112,7 +110,6 @@ class RolloutConfig:
     max_new_tokens: int = constrained(128, ge=1, help="tokens per agent turn")
     temperature: float = constrained(1.0, ge=0)
     top_p: float = constrained(1.0, gt=0, le=1)
-    num_workers: int = constrained(1, ge=1, help="env worker processes (1 = in process)")
 
 
 @dataclass

@@ -173,3 +173,23 @@ def test_run_config_from_cli_flags_then_overrides(tmp_path):
     assert (config.algorithm, config.env, config.model.student) == ("sdpo", "household/train", "/s/tiny")
     assert config.model.teacher == "/t/big"  # an explicit override wins over the shorthand flag
     assert config.train.steps == 3 and config.algo_config(ToyAlgoConfig).ema_rate == 0.1
+
+
+def test_every_gpu_recipe_in_configs_validates_against_its_algorithm_and_names_registered_envs():
+    """The README's GPU recipes are files a user runs; they must not rot as configs and algorithms change."""
+    from pathlib import Path
+
+    import yaml
+
+    from agentgym_opd.registry import env_registry
+    from agentgym_opd.trainer import algorithm_class
+
+    recipes = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    assert len(recipes) >= 5
+    for path in recipes:
+        raw = yaml.safe_load(path.read_text())
+        config = load_config(path, algo_config_cls=algorithm_class(raw["algorithm"]).Config)
+        assert config.env in env_registry, path
+        assert config.eval.env is None or config.eval.env in env_registry, path
+        if algorithm_class(config.algorithm).needs_teacher:
+            assert config.model.teacher, f"{path.name}: {config.algorithm} needs model.teacher"
