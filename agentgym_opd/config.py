@@ -479,3 +479,18 @@ def run_config_from_cli(
     flags = {"algorithm": algorithm, "env": env, "model.student": student, "model.teacher": teacher}
     shorthand = [f"{key}={value}" for key, value in flags.items() if value is not None]
     return load_config(config_path, [*shorthand, *overrides], RunConfig, algo_config_cls=algo_config_cls)
+
+
+def parse_key_values(items: Iterable[str], flag: str = "--env-arg") -> dict[str, Any]:
+    """``["num_tasks=8", "split=train"]`` -> ``{"num_tasks": 8, "split": "train"}`` (values as JSON when
+    they parse, else as text): the command-line form of constructor options such as ``--env-arg``."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{flag} expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out

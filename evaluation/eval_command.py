@@ -53,16 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _env_args(items: list[str]) -> dict:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--env-arg expects KEY=VALUE, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+    from agentgym_opd.config import parse_key_values
+
+    return parse_key_values(items, "--env-arg")
 
 
 def _records(args: argparse.Namespace, seeds: list[int], env_kwargs: dict) -> list[dict]:
