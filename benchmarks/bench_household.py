@@ -1,7 +1,7 @@
 """Throughput of the household world: steps/s through `env.step` vs the raw logic, and the overhead.
 
 Both loops play the same random admissible actions on the same tasks (a seeded RNG, episodes cut at
-`max_turns`), on one core, in this process. "raw" is the same work minus the wrapper: `_start` for a
+`max_turns`), on one core, in this process, as the best of short interleaved rounds (`benchmarks/_timing.py`). "raw" is the same work minus the wrapper: `_start` for a
 reset, `_act` + `admissible_actions` + `progress` per step, `episode_feedback` at the end. Tasks (walkthrough planning included) are
 built once before timing, as a rollout worker does on its first pass over a split; the planning cost is
 reported on its own. Usage: `python benchmarks/bench_household.py [seconds]`.
@@ -15,18 +15,12 @@ import time
 
 from environments.household.env import HouseholdEnv
 
+try:
+    from _timing import best_round_rates
+except ImportError:  # imported as benchmarks.bench_household
+    from benchmarks._timing import best_round_rates
+
 N_TASKS = 200
-
-
-def _timed_loop(seconds: float, episode) -> tuple[int, float]:
-    steps, start = 0, time.perf_counter()
-    episode_index = 0
-    while True:
-        steps += episode(episode_index)
-        episode_index += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return steps, elapsed
 
 
 def run(seconds: float = 3.0) -> dict:
@@ -64,17 +58,8 @@ def run(seconds: float = 3.0) -> dict:
         env.episode_feedback()
         return env.max_turns
 
-    # Interleave short rounds so drift (other processes, CPU clocks) hits both modes alike.
-    rounds = max(1, int(seconds // 0.5))
-    wrapped_steps = raw_steps = 0
-    wrapped_time = raw_time = 0.0
-    for _ in range(rounds):
-        s, t = _timed_loop(seconds / rounds / 2, wrapped_episode)
-        wrapped_steps, wrapped_time = wrapped_steps + s, wrapped_time + t
-        s, t = _timed_loop(seconds / rounds / 2, raw_episode)
-        raw_steps, raw_time = raw_steps + s, raw_time + t
-    wrapped = wrapped_steps / wrapped_time
-    raw = raw_steps / raw_time
+    rates = best_round_rates({"wrapped": wrapped_episode, "raw": raw_episode}, 2 * seconds)
+    wrapped, raw = rates["wrapped"], rates["raw"]
     return {
         "env_steps_per_s": wrapped,
         "raw_steps_per_s": raw,

@@ -9,9 +9,13 @@ per step and the end-of-episode feedback. Tasks are generated once before timing
 from __future__ import annotations
 
 import sys
-import time
 
 from environments.tooluse.env import ToolUseEnv
+
+try:
+    from _timing import best_round_rates
+except ImportError:  # imported as benchmarks.bench_tooluse
+    from benchmarks._timing import best_round_rates
 
 N_TASKS = 300
 BROKEN = (
@@ -30,16 +34,6 @@ def _scripts(env: ToolUseEnv) -> list[tuple[str, list[str]]]:
             actions += [BROKEN[(k + j) % len(BROKEN)], gold]
         scripts.append((task_id, actions))
     return scripts
-
-
-def _timed(seconds: float, episode, n: int) -> tuple[int, float]:
-    steps, k, start = 0, 0, time.perf_counter()
-    while True:
-        steps += episode(k % n)
-        k += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return steps, elapsed
 
 
 def run(seconds: float = 3.0) -> dict:
@@ -64,9 +58,9 @@ def run(seconds: float = 3.0) -> dict:
         env.episode_feedback()  # the env's own end-of-episode work, which env.step also does once
         return len(actions)
 
-    wrapped_steps, wrapped_s = _timed(seconds, wrapped, len(scripts))
-    raw_steps, raw_s = _timed(seconds, raw, len(scripts))
-    wrapped_rate, raw_rate = wrapped_steps / wrapped_s, raw_steps / raw_s
+    n = len(scripts)
+    rates = best_round_rates({"wrapped": lambda k: wrapped(k % n), "raw": lambda k: raw(k % n)}, 2 * seconds)
+    wrapped_rate, raw_rate = rates["wrapped"], rates["raw"]
     return {"env_steps_per_s": wrapped_rate, "raw_steps_per_s": raw_rate,
             "wrapper_overhead": raw_rate / wrapped_rate - 1.0, "error_fraction": 0.5}
 
