@@ -17,7 +17,10 @@ NOTES (decisions where the brief was silent, and what remains)
 - Evaluation: greedy, on three splits: the training tasks themselves (``train``, where the training curve
   is measured), the seen split and the unseen split of the env family (``valid_seen`` / ``valid_unseen``
   where registered, else the first registered id of the family matching seen/unseen/valid/dev/test).
-  Tasks: the runner's evenly spaced subset (``evaluation.runner.select_tasks``), eval seed fixed.
+  Tasks: the training env's first ``eval_episodes`` tasks (what the trainer's ``eval/success`` uses, so
+  the curve and the ``train`` row agree); other splits the runner's evenly spaced subset
+  (``evaluation.runner.select_tasks``); eval seed fixed. On the tiny student the seen/unseen rows are 0:
+  8 memorised training tasks do not generalise (measured: warm start 0.5 train, 0.0 seen, 0.0 unseen).
 - Records: one per algorithm x split x seed (the leaderboard's identity includes the seed, and its build
   aggregates seeds: mean of the seed means, standard error across seeds); the bench's own ``summary.json``
   holds the same aggregate per algorithm x split. ``wall_time_s`` is the evaluation's wall time (as the
@@ -28,8 +31,17 @@ NOTES (decisions where the brief was silent, and what remains)
 - The bench's leaderboard (``<out>/leaderboard``) is owned by the bench: a rerun replaces records of the
   same run identity. ``--publish`` adds to the repo's ``leaderboard/`` and never replaces: a duplicate is
   reported and skipped.
-- Remaining: the full default (all 8 algorithms x 3 seeds) does not fit 15 minutes on 2 CPU cores; the
-  bench prints its estimate before it starts and an ETA after each run.
+- ``--quick``: 4 training tasks, 4 steps x 4 episodes, ONE seed, 4 episodes per split, warm start 60 /
+  teacher 120 SFT steps. Torch runs on one CPU thread by default (``--threads``): 10x faster than two
+  threads on the shared build machine (same greedy actions in that probe).
+- Exit codes: 0 ok, 1 an algorithm failed or the leaderboard build failed (results saved), 2 bad setup.
+- Measured on the shared 2-core build machine (load ~5-8): ``bench --quick`` (8 algorithms, 1 seed) 329 s;
+  full defaults with ``--seeds 1`` (8 algorithms, 320 episodes each) 2555 s (estimate printed: 2894 s);
+  train-task success: warm start 0.50, teacher 0.875, sft 0.875, opd 0.75, sage_opd 0.75, lopd 0.375,
+  opsd 0.375, grpo/sdpo/vpd 0.0 (lr 3e-4 collapses them: per-algorithm lr tuning is left to --algo-set).
+- Remaining: the full default (8 algorithms x 3 seeds, ~2 h here) does not fit 15 minutes on 2 CPU cores;
+  the bench prints its estimate before it starts and an ETA after each run. Per-algorithm tuned defaults
+  (an lr per method) are not chosen yet.
 """
 
 from __future__ import annotations
@@ -99,8 +111,8 @@ class BenchSettings:
 
     @classmethod
     def quick(cls, **changes: Any) -> "BenchSettings":
-        """A ~2-3 minute smoke bench: fewer tasks, steps, seeds and episodes, same pipeline."""
-        base = dict(env_args=None, seeds=[0, 1], steps=4, episodes_per_step=4, group_size=2, eval_points=2,
+        """A ~2-3 minute smoke bench (idle 2-core machine): 4 tasks, 4 steps, one seed, 4 episodes per split."""
+        base = dict(env_args=None, seeds=[0], steps=4, episodes_per_step=4, group_size=2, eval_points=2,
                     eval_episodes=4, warm_steps=60, teacher_steps=120, sft_tasks_per_step=4, max_turns=8)
         base.update(changes)
         settings = cls(**base)
@@ -168,8 +180,8 @@ def algorithm_flags(name: str) -> tuple[bool, bool]:
 def estimate_seconds(settings: BenchSettings, algos: list[str], n_eval_envs: int, *, warm: bool, teacher: bool) -> float:
     """A rough wall-time forecast from per-episode costs measured on the 2-core build machine."""
     sft_episodes = (settings.warm_steps * warm + settings.teacher_steps * teacher) * settings.sft_tasks_per_step
-    per_run_eval = (settings.eval_points * settings.resolved_env_args().get("num_tasks", settings.eval_episodes)
-                    + n_eval_envs * settings.eval_episodes) * SECONDS_PER_EVAL_EPISODE
+    train_tasks = min(settings.resolved_env_args().get("num_tasks", settings.eval_episodes), settings.eval_episodes)
+    per_run_eval = (settings.eval_points * train_tasks + n_eval_envs * settings.eval_episodes) * SECONDS_PER_EVAL_EPISODE
     per_run_train = settings.budget * SECONDS_PER_ROLLOUT_EPISODE
     runs = len(algos) * len(settings.seeds)
     return (sft_episodes * SECONDS_PER_EXPERT_EPISODE + runs * (per_run_train + per_run_eval)
@@ -255,7 +267,7 @@ def run_overrides(settings: BenchSettings, name: str, *, seed: int, run_dir: Pat
         f"model.student={student}", f"train.steps={settings.steps}", f"train.lr={settings.lr}",
         f"rollout.tasks_per_step={settings.episodes_per_step // group}", f"rollout.group_size={group}",
         f"rollout.temperature={settings.temperature}", f"eval.every={every}",
-        f"eval.episodes={settings.resolved_env_args().get('num_tasks', settings.eval_episodes)}",
+        f"eval.episodes={settings.eval_episodes}",
         f"eval.seed={settings.eval_seed}"]
     if needs_teacher:
         if not teacher:
@@ -281,10 +293,12 @@ def training_curve(run_dir: Path, episodes_per_step: int, start: float | None) -
 
 
 def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_args: dict[str, Any]) -> tuple[list[Any], float]:
-    """Greedy episodes on an evenly spaced, fixed subset of the split's tasks; (episodes, wall seconds).
+    """Greedy episodes on a fixed subset of the split's tasks; (episodes, wall seconds).
 
     The engine is built like the trainer's evaluation engine (same system prompt, action parser, greedy
-    sampling), so a bench number and a training-time ``eval/success`` mean the same thing.
+    sampling), and the training env is scored on the trainer's own eval tasks (its first
+    ``eval_episodes``), so the ``train`` row, the curve's point 0 and a training-time ``eval/success``
+    mean the same thing. Other splits: the runner's evenly spaced subset, spread over task types.
     """
     from agentgym_opd.policy.base import SamplingParams
     from agentgym_opd.registry import make
@@ -295,7 +309,8 @@ def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_ar
     started = time.perf_counter()
     overrides = {"max_turns": settings.max_turns, **env_args}
     probe = make(env_id, **overrides)
-    tasks = select_tasks(probe.task_ids(), settings.eval_episodes)
+    ids = probe.task_ids()
+    tasks = ids[: settings.eval_episodes] if env_id == settings.env else select_tasks(ids, settings.eval_episodes)
     envs = [probe] + [make(env_id, **overrides) for _ in tasks[1:]]
     engine = RolloutEngine(policy, SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=0.0),
                            system_prompt=DEFAULT_SYSTEM_PROMPT, action_parser="text")
@@ -338,18 +353,24 @@ def build_record(env_id: str, episodes: list[Any], *, algorithm: str, student: s
                        algorithm_config=algorithm_config, seed=seed, wall_time_s=wall_time_s, curve=curve or None)
 
 
-def write_records(records: list[dict[str, Any]], out: Path, *, publish: bool, log: Callable[[str], None]) -> Path:
-    """Save the records under ``<out>/records``, put them on the bench's leaderboard (replacing records of
-    the same run identity) and, with ``publish``, on the repo's ``leaderboard/`` (never replacing)."""
-    from evaluation.leaderboard import IDENTITY_FIELDS, Leaderboard
-    from evaluation.records import RecordError
-
+def save_records(records: list[dict[str, Any]], out: Path) -> Path:
+    """This bench's records as files, ``<out>/records/<algorithm>__<env>__seed<N>.json`` (the previous
+    bench's files are replaced: the folder always holds exactly one bench's results)."""
     records_dir = out / "records"
     shutil.rmtree(records_dir, ignore_errors=True)
     records_dir.mkdir(parents=True)
     for r in records:
         name = f"{r['algorithm']}__{r['env_id'].replace('/', '_')}__seed{r['seed']}.json"
         (records_dir / name).write_text(json.dumps(r, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return records_dir
+
+
+def update_leaderboard(records: list[dict[str, Any]], out: Path, *, publish: bool, log: Callable[[str], None]) -> Path:
+    """Put the records on the bench's leaderboard (replacing records of the same run identity: that folder
+    is the bench's own) and build it; with ``publish`` also on the repo's ``leaderboard/`` (never replacing)."""
+    from evaluation.leaderboard import IDENTITY_FIELDS, Leaderboard
+    from evaluation.records import RecordError
+
     board = Leaderboard(out / "leaderboard")
     identities = {tuple(r[f] for f in IDENTITY_FIELDS) for r in records}
     for old in sorted(board.records_dir.glob("*.json")) if board.records_dir.is_dir() else []:
@@ -509,7 +530,9 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
             result.train_wall_s = time.perf_counter() - t0
             result.curve = training_curve(run_dir, settings.episodes_per_step, start_success)
             for env_id in env_ids:
-                episodes, wall = evaluate_policy(trainer.student, env_id, settings, env_args=eval_env_args(env_id, settings))
+                # the trainer's evaluation policy: the student itself, or its unsharded copy under FSDP
+                episodes, wall = evaluate_policy(trainer.eval_engine.policy, env_id, settings,
+                                                 env_args=eval_env_args(env_id, settings))
                 result.evaluations[env_id], result.eval_wall_s[env_id] = episodes, wall
         except BenchError:
             raise
@@ -533,14 +556,21 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
                                             seed=seed, wall_time_s=result.eval_wall_s[env_id],
                                             curve=result.curve if env_id == settings.env else None))
 
-    # 4. records, leaderboard, table
-    board = write_records(records, out, publish=settings.publish, log=log)
+    # 4. records, leaderboard, table: the records are saved first, so a leaderboard problem loses nothing
+    save_records(records, out)
     summary_rows = summarise_over_seeds(records)
+    board, board_error = out / "leaderboard", None
+    try:
+        board = update_leaderboard(records, out, publish=settings.publish, log=log)
+    except Exception as err:  # the results stand; `agentgym-opd leaderboard build --root ...` can retry
+        board_error = f"{type(err).__name__}: {err}"
+        log(f"leaderboard FAILED: {board_error}; the records are in {out / 'records'}")
     wall = time.perf_counter() - started
     summary = {"settings": dataclasses.asdict(settings), "eval_envs": env_ids, "student": student_label,
                "teacher": teacher_label, "rows": summary_rows, "failures": failures,
                "failed_runs": [{"algorithm": r.algorithm, "seed": r.seed, "error": r.error} for r in results if r.error],
-               "leaderboard": str(board), "wall_time_s": round(wall, 1), "estimated_wall_time_s": round(estimate, 1)}
+               "leaderboard": str(board), "leaderboard_error": board_error,
+               "wall_time_s": round(wall, 1), "estimated_wall_time_s": round(estimate, 1)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     order = ["warm_start", *(["teacher"] if teacher_path else []), *algos]
     summary["table"] = format_table(summary_rows, failures, env_ids, order)

@@ -1,0 +1,135 @@
+"""`agentgym-opd bench [--quick] [--algos A,B] [--seeds N|S1,S2] [--steps N | --budget EPISODES] ...`.
+
+The project's main job: warm-start the student by SFT, train a stronger SFT teacher, run every registered
+algorithm from that warm start with the same rollout budget over several seeds, evaluate greedily on the
+seen and unseen splits, and write records plus a leaderboard (Markdown, CSV, HTML with curves) under the
+output dir. The pipeline lives in :mod:`evaluation.bench`; this module only maps flags onto its settings,
+and stays import-light because the CLI imports every subcommand module to build its parser.
+
+Exit codes: 0 all runs finished, 1 the bench finished but some algorithm run failed (its row says why),
+2 the bench was set up wrong (unknown algorithm or env, bad option).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+HELP = "benchmark every registered algorithm from one warm start with one rollout budget; build a leaderboard"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="a ~2-3 minute smoke bench (fewer tasks, steps, seeds)")
+    parser.add_argument("--algos", action="append", default=None, metavar="A,B",
+                        help="run only these registered algorithms (comma list; repeatable). Default: all")
+    parser.add_argument("--seeds", default=None, metavar="N|S1,S2",
+                        help="N seeds (0..N-1) or an explicit comma list such as 0,3 (default 3; --quick 1)")
+    parser.add_argument("--steps", type=int, default=None, help="update steps per run (the same for every algorithm)")
+    parser.add_argument("--budget", type=int, default=None, metavar="EPISODES",
+                        help="rollout episodes per run; steps = budget / episodes-per-step")
+    parser.add_argument("--episodes-per-step", type=int, default=None, help="episodes per update (tasks x group size)")
+    parser.add_argument("--group-size", type=int, default=None, help="rollouts per task for group algorithms (G)")
+    parser.add_argument("--lr", type=float, default=None, help="learning rate of every algorithm run")
+    parser.add_argument("--temperature", type=float, default=None, help="rollout sampling temperature")
+    parser.add_argument("--eval-episodes", type=int, default=None, help="greedy episodes per evaluation split")
+    parser.add_argument("--max-turns", type=int, default=None, help="turns per episode, training and evaluation")
+    parser.add_argument("--warm-steps", type=int, default=None, help="SFT steps of the warm start")
+    parser.add_argument("--teacher-steps", type=int, default=None, help="SFT steps of the trained teacher")
+    parser.add_argument("--output-dir", default=None, help="where runs, records and the leaderboard go (runs/bench)")
+    parser.add_argument("--student", default=None, help="base student model path ('tiny' = the offline tiny model)")
+    parser.add_argument("--teacher", default=None, help="teacher model path (default: train one by SFT)")
+    parser.add_argument("--env", default=None, help="training env id (default household/train)")
+    parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="training env constructor option (JSON value), e.g. num_tasks=8")
+    parser.add_argument("--eval-env", action="append", default=None, metavar="ID",
+                        help="evaluation env id (repeatable; default: the family's seen and unseen splits)")
+    parser.add_argument("--device", default=None, help="model.device for every run (default auto: cuda if present)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default 1: fastest for the tiny model on a shared CPU; 0 = torch's default)")
+    parser.add_argument("--algo-set", action="append", default=[], metavar="ALGO:key=value",
+                        help="config override for one algorithm only, e.g. grpo:algo.kl_coef=0.01")
+    parser.add_argument("--skip-warm-start", action="store_true", help="start every algorithm from --student as is")
+    parser.add_argument("--publish", action="store_true", help="also add the records to the repo's leaderboard/")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
+                        help="config overrides for every algorithm run, e.g. train.micro_batch_size=8")
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        if "," in text:
+            return [int(s) for s in text.split(",") if s.strip()]
+        count = int(text)
+    except ValueError:
+        raise ValueError(f"--seeds expects a count N or a comma list like 0,1,2, got {text!r}") from None
+    if count < 1:
+        raise ValueError(f"--seeds needs at least one seed, got {count}")
+    return list(range(count))
+
+
+def settings_from_args(args: argparse.Namespace):
+    """The :class:`evaluation.bench.BenchSettings` that these flags mean (--quick first, flags on top)."""
+    from agentgym_opd.config import parse_key_values
+    from evaluation.bench import BenchSettings
+
+    changes: dict = {}
+    simple = {"steps": "steps", "episodes_per_step": "episodes_per_step", "group_size": "group_size", "lr": "lr",
+              "temperature": "temperature", "eval_episodes": "eval_episodes", "max_turns": "max_turns", "warm_steps": "warm_steps",
+              "teacher_steps": "teacher_steps", "output_dir": "output_dir", "student": "student",
+              "teacher": "teacher", "env": "env", "device": "device"}
+    for flag, key in simple.items():
+        if getattr(args, flag) is not None:
+            changes[key] = getattr(args, flag)
+    if args.threads is not None:
+        changes["threads"] = args.threads or None
+    if args.algos:
+        changes["algos"] = [a.strip() for item in args.algos for a in item.split(",") if a.strip()]
+    if args.seeds is not None:
+        changes["seeds"] = _seeds(args.seeds)
+    if args.env_arg:
+        changes["env_args"] = parse_key_values(args.env_arg, "--env-arg")
+    if args.eval_env:
+        changes["eval_envs"] = list(args.eval_env)
+    per_algo: dict[str, list[str]] = {}
+    for item in args.algo_set:
+        name, sep, override = item.partition(":")
+        if not sep or "=" not in override:
+            raise ValueError(f"--algo-set expects ALGO:key=value, got {item!r}")
+        per_algo.setdefault(name, []).append(override)
+    changes.update(algo_overrides=per_algo, overrides=list(args.overrides or []), skip_warm_start=args.skip_warm_start,
+                   publish=args.publish, progress=not args.no_progress)
+    settings = BenchSettings.quick(**changes) if args.quick else BenchSettings(**changes)
+    if args.budget is not None:
+        if args.steps is not None:
+            raise ValueError("give --steps or --budget, not both")
+        if args.budget < settings.episodes_per_step or args.budget % settings.episodes_per_step:
+            raise ValueError(f"--budget {args.budget} must be a positive multiple of the episodes per step "
+                             f"({settings.episodes_per_step})")
+        settings.steps = args.budget // settings.episodes_per_step
+    return settings
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentgym_opd.config import ConfigError
+    from evaluation.bench import BenchError, run_bench
+
+    started = time.perf_counter()
+    try:
+        settings = settings_from_args(args)
+        summary = run_bench(settings)
+    except (BenchError, ConfigError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(summary["table"])
+    print(f"\nleaderboard: {summary['leaderboard']}/LEADERBOARD.md (and leaderboard.csv, index.html)")
+    print(f"summary: {settings.output_dir}/summary.json")
+    print(f"wall time: {time.perf_counter() - started:.0f}s (estimated {summary['estimated_wall_time_s']:.0f}s)")
+    if summary["leaderboard_error"]:
+        print(f"leaderboard build failed: {summary['leaderboard_error']}", file=sys.stderr)
+        return 1
+    if summary["failures"]:
+        print(f"{len(summary['failures'])} algorithm(s) failed: {', '.join(summary['failures'])}; see the FAILED rows "
+              "and runs/<algo>/seed<N>/error.txt", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,110 @@
+"""`agentgym-opd bench`: the whole pipeline, for real, on the tiny student and the embedded household env.
+
+One module-scoped bench run (sft and grpo, two seeds, tiny budgets: the pipeline, not the learning, is
+under test) in a subprocess with cwd=tmp_path, as a user would run it; a second run in the same output
+dir reuses the cached warm start, reruns grpo seed 0 (it must reproduce its numbers exactly) and makes
+sft fail through an out-of-range config value (the bench must report it and go on).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentgym_opd.cli import main
+from evaluation.records import validate_record
+
+TINY = ["--quick", "--steps", "2", "--eval-episodes", "2", "--warm-steps", "5", "--max-turns", "4", "--env-arg", "num_tasks=2",
+        "--no-progress"]
+SPLITS = ("household/train", "household/valid_seen", "household/valid_unseen")
+
+
+def bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "agentgym_opd.cli", "bench", *TINY, "--output-dir", str(tmp_path / "out"), *args]
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+
+def records_of(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((out / "records").glob("*.json"))]
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("bench")
+    proc = bench(tmp_path, "--algos", "sft,grpo", "--seeds", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp_path, proc, records_of(tmp_path / "out")
+
+
+def test_records_validate_one_per_algorithm_split_and_seed(first_run):
+    _, _, records = first_run
+    for r in records:
+        validate_record(r)
+    got = sorted((r["algorithm"], r["env_id"], r["seed"]) for r in records)
+    want = sorted([("warm_start", e, 0) for e in SPLITS]
+                  + [(a, e, s) for a in ("sft", "grpo") for e in SPLITS for s in (0, 1)])
+    assert got == want
+    assert {r["student"] for r in records} == {"tiny+sft5"}
+    assert all(r["teacher"] is None for r in records)  # neither sft nor grpo needs a teacher: none trained
+
+
+def test_every_algorithm_gets_the_same_rollout_budget_and_logs_a_training_curve(first_run):
+    tmp_path, _, records = first_run
+    trained = [r for r in records if r["algorithm"] != "warm_start"]
+    assert {r["algorithm_config"]["bench"]["budget_episodes"] for r in trained} == {8}  # 2 steps x 4 episodes
+    assert {r["algorithm_config"]["bench"]["seeds"] == [0, 1] for r in trained} == {True}
+    grpo = (tmp_path / "out/runs/grpo/seed0/config.yaml").read_text()
+    sft = (tmp_path / "out/runs/sft/seed0/config.yaml").read_text()
+    assert "group_size: 2" in grpo and "tasks_per_step: 2" in grpo  # 2 tasks x G=2
+    assert "group_size: 1" in sft and "tasks_per_step: 4" in sft
+    for r in trained:
+        if r["env_id"] == "household/train":
+            assert [p["rollouts"] for p in r["curve"]] == [0, 4, 8]  # warm start, then eval every step
+        else:
+            assert "curve" not in r
+
+
+def test_leaderboard_has_a_row_per_algorithm_and_the_baseline_and_the_table_is_printed(first_run):
+    tmp_path, proc, _ = first_run
+    board = tmp_path / "out/leaderboard"
+    md = (board / "LEADERBOARD.md").read_text()
+    for algo in ("warm_start", "sft", "grpo"):
+        for split in SPLITS:
+            assert f"| {split} | {algo} | tiny+sft5 |" in md
+    assert "| household/train | sft | tiny+sft5 | - | 0,1 | 4 |" in md  # 2 seeds x 2 tasks
+    assert (board / "leaderboard.csv").read_text().count("\n") == 1 + 9
+    assert "<polyline" in (board / "index.html").read_text()  # the training curves
+    assert not (tmp_path / "leaderboard").exists()  # never the repo's leaderboard without --publish
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:2] == ["algorithm", "seeds"]
+    assert [ln.split()[0] for ln in lines[2:5]] == ["warm_start", "sft", "grpo"]
+    assert "wall time:" in proc.stdout
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    row = next(r for r in summary["rows"] if r["algorithm"] == "grpo" and r["env_id"] == "household/train")
+    assert row["seeds"] == [0, 1] and set(row["metrics"]["success_rate"]) == {"mean", "stderr"}
+
+
+def test_rerun_reuses_the_warm_start_reproduces_numbers_and_reports_a_failing_algorithm(first_run):
+    tmp_path, _, before = first_run
+    proc = bench(tmp_path, "--algos", "sft,grpo", "--seeds", "1", "--algo-set", "sft:algo.context_fraction=2")
+    assert proc.returncode == 1, proc.stderr[-3000:]  # finished, with a failed run
+    assert "reusing warm_start" in proc.stderr
+    assert any(ln.startswith("sft") and "FAILED" in ln and "context_fraction" in ln for ln in proc.stdout.splitlines())
+    after = {(r["algorithm"], r["env_id"], r["seed"]): r for r in records_of(tmp_path / "out")}
+    assert not any(algo == "sft" for algo, _, _ in after)
+    for r in before:
+        if r["algorithm"] in ("grpo", "warm_start") and r["seed"] == 0:
+            again = after[(r["algorithm"], r["env_id"], 0)]
+            assert again["metrics"] == r["metrics"] and again.get("curve") == r.get("curve")
+    assert (tmp_path / "out/runs/sft/seed0/error.txt").read_text().strip()
+
+
+def test_unknown_algorithm_is_a_clear_error_exit_2(tmp_path, capsys):
+    assert main(["bench", "--algos", "sft,no_such_algo", "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown algorithm(s) ['no_such_algo']" in err and "registered:" in err and "sft" in err
+    assert not (tmp_path / "out").exists()
