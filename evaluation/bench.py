@@ -36,11 +36,15 @@ NOTES (decisions where the brief was silent, and what remains)
   threads on the shared build machine (same greedy actions in that probe).
 - Exit codes: 0 ok, 1 an algorithm failed or the leaderboard build failed (results saved), 2 bad setup.
 - Measured on the shared 2-core build machine (load ~5-8): ``bench --quick`` (8 algorithms, 1 seed) 329 s;
-  full defaults with ``--seeds 1`` (8 algorithms, 320 episodes each) 2555 s (estimate printed: 2894 s);
+  the earlier full default with ``--seeds 1`` (8 algorithms, 320 episodes each) 2555 s (estimate printed: 2894 s);
   train-task success: warm start 0.50, teacher 0.875, sft 0.875, opd 0.75, sage_opd 0.75, lopd 0.375,
   opsd 0.375, grpo/sdpo/vpd 0.0 (lr 3e-4 collapses them: per-algorithm lr tuning is left to --algo-set).
-- Remaining: the full default (8 algorithms x 3 seeds, ~2 h here) does not fit 15 minutes on 2 CPU cores;
-  the bench prints its estimate before it starts and an ETA after each run. Per-algorithm tuned defaults
+- Default budget (chosen by the lead for the ~15-minute target): 16 steps x 4 episodes (G=2) per run, 8
+  eval episodes per split, 2 curve points, 3 seeds. The bench's own estimate on the loaded build machine
+  is ~35 min (its per-episode costs were measured at load 5-8); an idle 2-core machine should take about
+  a third of that, not yet measured. The earlier default (40 steps x 8 episodes, 16 eval episodes) is
+  ``--steps 40 --episodes-per-step 8 --group-size 4 --eval-episodes 16``: ~2 h here for 3 seeds. The
+  bench prints its estimate before it starts and an ETA after each run. Per-algorithm tuned defaults
   (an lr per method) are not chosen yet.
 """
 
@@ -84,13 +88,13 @@ class BenchSettings:
     teacher: str | None = None  # a path: use it instead of training the SFT teacher
     algos: list[str] | None = None  # None: every registered algorithm
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    steps: int = 40
-    episodes_per_step: int = 8
-    group_size: int = 4
+    steps: int = 16
+    episodes_per_step: int = 4
+    group_size: int = 2
     lr: float = 3e-4
     temperature: float = 0.5
-    eval_points: int = 4  # evaluations during training (the curve), besides step 0
-    eval_episodes: int = 16  # per split
+    eval_points: int = 2  # evaluations during training (the curve), besides step 0
+    eval_episodes: int = 8  # per split
     eval_seed: int = 0
     warm_steps: int = 70
     warm_lr: float = 3e-3
