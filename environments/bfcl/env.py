@@ -7,7 +7,14 @@
   judges them against the possible answers; the episode ends with reward 1.0 when it says valid. A message
   that cannot be parsed is a `parse_error` and, where `max_turns` allows (default 1, BFCL's single shot),
   the agent may answer again; the last allowed answer ends the episode (terminated, score 0 if unparsable). Calls that are not callable as documented also carry a `tool_error`.
-* Multi-turn and agentic categories: see `multi_turn.py` for the turn mapping.
+* Multi-turn and agentic categories: see `multi_turn.py` for the turn mapping. An agentic final answer
+  in BFCL's required format (`{'answer': ..., 'context': ...}`, a dict literal or JSON) is the final text,
+  not a malformed call.
+* Memory categories (`memory_kv`, `memory_vector`, `memory_rec_sum`): one episode plays the scenario's
+  prerequisite conversations and then the question, on BFCL's real memory backend with a per-episode
+  snapshot folder (`memory.py`; the choice is documented in `data.py`). `memory_result_dir=` starts the
+  question from a `bfcl generate` run's snapshot instead. Default `max_turns`: three steps per user turn
+  of the longest episode of the category (BFCL itself allows up to 20 steps per user turn).
 
 Ids are `bfcl/<category>`; the split is the category; task ids are BFCL's entry ids.
 """
@@ -20,16 +27,20 @@ from typing import Any
 from agentgym_opd.core import StepOutcome, TextEnv, UnknownTaskError
 from agentgym_opd.types import StepError, Task
 from environments.bfcl._bfcl import CHECKER_MODEL_NAME, ast_parse_foreign, bfcl
-from environments.bfcl.calls import Call, looks_like_calls, parse_calls
+from environments.bfcl.calls import Call, is_answer_object, looks_like_calls, parse_calls, Parsed
 from environments.bfcl.data import (
     category_kind,
     checker_docs,
     language_of,
     load_category,
+    MEMORY_CATEGORIES,
+    memory_prereqs,
+    memory_walkthrough,
     render_gold,
     render_turn_calls,
     UNSUPPORTED_CATEGORIES,
 )
+from environments.bfcl.memory import MemoryEpisode
 from environments.bfcl.multi_turn import MultiTurnSession
 from environments.bfcl.schema import check_calls
 
@@ -45,6 +56,15 @@ MULTI_TURN_HINT = (
 )
 END_OF_TURN_MESSAGE = "Done."
 DEFAULT_MAX_TURNS = {"ast": 1, "relevance": 1, "multi_turn": 120, "agentic": 40}
+MEMORY_STEPS_PER_USER_TURN = 3
+
+
+def _memory_max_turns(category: str) -> int:
+    """Enough steps for the longest episode: its prerequisite and question user turns, three steps each."""
+    entries, _ = load_category(category)
+    prereqs = memory_prereqs(category)
+    longest = max(sum(len(c["question"]) for c in prereqs.get(e["scenario"], ())) + len(e["question"]) for e in entries)
+    return MEMORY_STEPS_PER_USER_TURN * longest
 
 
 def _multi_turn_feedback(verdict: dict, limit: int = 1500) -> str:
@@ -64,7 +84,7 @@ class BfclEnv(TextEnv):
     description = "BFCL function calling, scored by BFCL's own checkers"
 
     def __init__(self, category: str = "simple_python", split: str | None = None, *, max_turns: int | None = None,
-                 max_action_chars: int = 8192, **kwargs: Any):
+                 max_action_chars: int = 8192, memory_result_dir: str | None = None, **kwargs: Any):
         if category in UNSUPPORTED_CATEGORIES:
             raise NotImplementedError(f"bfcl/{category}: {UNSUPPORTED_CATEGORIES[category]}")
         self.category = category
@@ -73,12 +93,17 @@ class BfclEnv(TextEnv):
         if split is not None and split != category:
             raise ValueError(f"BFCL's split is its category: got split={split!r} for category {category!r}")
         kwargs.setdefault("env_id", f"bfcl/{category}")
-        super().__init__(category, max_turns=max_turns or DEFAULT_MAX_TURNS[self.kind],
+        if memory_result_dir is not None and category not in MEMORY_CATEGORIES:
+            raise ValueError(f"memory_result_dir is for the memory categories, not {category!r}")
+        self.memory_result_dir = memory_result_dir
+        if max_turns is None:
+            max_turns = _memory_max_turns(category) if category in MEMORY_CATEGORIES else DEFAULT_MAX_TURNS[self.kind]
+        super().__init__(category, max_turns=max_turns,
                          max_action_chars=max_action_chars, **kwargs)
         entries, self._answers = load_category(category)
         self._entries = {e["id"]: e for e in entries}
         self._ids = [e["id"] for e in entries]
-        self._session: MultiTurnSession | None = None
+        self._session: MultiTurnSession | MemoryEpisode | None = None
         self._success = False
         self._score = 0.0
         self._verdict: dict | None = None
@@ -108,6 +133,10 @@ class BfclEnv(TextEnv):
             privileged["walkthrough"] = walkthrough
         elif self.kind == "agentic":
             privileged["answer"] = answer
+            if self.category in MEMORY_CATEGORIES:  # an oracle demonstration, not BFCL data (see data.py)
+                walkthrough = memory_walkthrough(self.category, entry, answer, self._prereqs(entry))
+                privileged["walkthrough"] = walkthrough
+                privileged["solution"] = "\n".join(a for a in walkthrough if a.startswith("["))
         first_turn = entry["question"][0] if entry["question"] else []
         instruction = "\n".join(m["content"] for m in first_turn if m.get("role") == "user")
         metadata = {
@@ -118,15 +147,27 @@ class BfclEnv(TextEnv):
         }
         if "involved_classes" in entry:
             metadata["involved_classes"] = list(entry["involved_classes"])
+        if self.category in MEMORY_CATEGORIES:
+            prereqs = self._prereqs(entry)
+            metadata.update(scenario=entry["scenario"], prerequisites=[c["id"] for c in prereqs],
+                            num_prerequisite_user_turns=sum(len(c["question"]) for c in prereqs))
         return Task(task_id, self.env_id, self.split, instruction, privileged, metadata)
+
+    def _prereqs(self, entry: dict) -> tuple[dict, ...]:
+        """The prerequisite conversations an episode plays (none when starting from a BFCL result folder)."""
+        return () if self.memory_result_dir else memory_prereqs(self.category).get(entry["scenario"], ())
 
     # ------------------------------------------------------------------ episode
     def _start(self, task: Task) -> str:
         self.close_session()
         self._success, self._score, self._verdict = False, 0.0, None
         entry = self._entries[task.id]
-        if self.kind in ("multi_turn", "agentic"):
+        if self.category in MEMORY_CATEGORIES:
+            self._session = MemoryEpisode(entry, self._answers.get(task.id), self.category, self._prereqs(entry),
+                                          result_dir=self.memory_result_dir)
+        elif self.kind in ("multi_turn", "agentic"):
             self._session = MultiTurnSession(entry, self._answers.get(task.id), self.category, kind=self.kind)
+        if self._session is not None:
             docs = json.dumps(self._session.functions, indent=2)
             return (f"{FORMAT_HINT}\n{MULTI_TURN_HINT}\n\nAvailable functions (JSON):\n{docs}\n\n"
                     f"{self._session.user_message()}")
@@ -219,6 +260,8 @@ class BfclEnv(TextEnv):
     def _act_multi_turn(self, action: str) -> StepOutcome:
         session = self._session
         parsed = parse_calls(action)
+        if self.kind == "agentic" and parsed.error and is_answer_object(action):
+            parsed = Parsed(text=action.strip())  # BFCL's final-answer format
         if parsed.error:
             return StepOutcome(parsed.error + " " + FORMAT_HINT, error=StepError("parse_error", parsed.error))
         if parsed.text is not None or not parsed.calls:
@@ -239,6 +282,9 @@ class BfclEnv(TextEnv):
                                     session.functions + session.held_out_docs(), allow_positional=True)
         error = StepError("tool_error", " | ".join(failures)) if failures else None
         observation = "Execution results:\n" + "\n".join(lines)
+        notice = session.pop_notice()
+        if notice:
+            observation += "\n" + notice
         if session.finished:  # BFCL's step limit
             return self._multi_turn_outcome(observation, error)
         return StepOutcome(observation, error=error)

@@ -14,6 +14,7 @@ Turn mapping (WHY: one env step must be one agent message, the turn boundary tur
 * A held-out function of `multi_turn_miss_func` appears at its turn with BFCL's own "I have updated some
   more functions" prompt; before that it is not callable.
 * More than BFCL's `MAXIMUM_STEP_LIMIT` (20) steps in one user turn force-quits the episode, as in BFCL.
+* Memory categories chain several sessions (prerequisite conversations, then the question): `memory.py`.
 
 Differences from BFCL's loop, chosen for a training signal: a message that tries to call but cannot be
 parsed is a `parse_error` and does not end the user turn (BFCL ends it); a call of a function not offered
@@ -111,7 +112,7 @@ class MultiTurnSession:
 
     # ------------------------------------------------------------------ calls
     def _execute(self, sources: list[str]) -> list[str]:
-        results, _ = bfcl().execute_multi_turn_func_call(
+        results, self.instances = bfcl().execute_multi_turn_func_call(
             sources,
             self.entry.get("initial_config", {}),
             self.entry["involved_classes"],
@@ -137,6 +138,10 @@ class MultiTurnSession:
             self.finish()
         return list(zip(sources, results))
 
+    def pop_notice(self) -> str:
+        """Text the env appends to the next observation (a memory episode's conversation switch)."""
+        return ""
+
     @staticmethod
     def failed(result: str) -> bool:
         return _is_failed_result(result) is not None
@@ -159,7 +164,13 @@ class MultiTurnSession:
             return self.verdict
         self.finished = True
         b = bfcl()
-        if self.force_quit:
+        if self.kind == "memory_prereq":
+            # BFCL does not score a prerequisite conversation; it flushes the memory to the snapshot that
+            # the next conversation loads (also after a force-quit, as BFCL's inference loop does).
+            for instance in self.instances.values():
+                instance._flush_memory_to_local_file()
+            self.verdict = {"valid": True, "prerequisite": True, "force_quit": self.force_quit}
+        elif self.force_quit:
             limit = b.default_prompts.MAXIMUM_STEP_LIMIT
             self.verdict = {"valid": False, "error_message": f"Model has been forced to quit after {limit} steps.",
                             "error_type": "multi_turn:force_terminated"}
