@@ -24,6 +24,15 @@ from agentgym_opd.policy.base import Generation, SamplingParams
 from agentgym_opd.policy.chat import end_of_turn_token_ids
 
 
+def _on_cpu(vllm: Any) -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+    except Exception:  # an engine without the platform API: assume a GPU build
+        return False
+
+
 class VLLMPolicy:
     def __init__(self, path: str | Path, *, dtype: str = "float32", max_model_len: int = 4096,
                  seed: int = 0, **llm_kwargs: Any):
@@ -38,6 +47,11 @@ class VLLMPolicy:
         # On CPU this fraction reserves host RAM for the KV cache; a small default suits test models and
         # machines shared with a trainer. Pass gpu_memory_utilization= to change it.
         kwargs.setdefault("gpu_memory_utilization", 0.08)
+        if _on_cpu(vllm):
+            # vLLM rewinds a seeded request's generator when it chunks that request's prefill, and CPU torch
+            # generators cannot rewind ("CPU Generator does not use offset"): a step budget that holds a whole
+            # batch of prompts means no prefill is chunked, so per-request seeds work at any batch size.
+            kwargs.setdefault("max_num_batched_tokens", max_model_len * 64)
         try:
             self.llm = vllm.LLM(logprobs_mode="raw_logprobs", **kwargs)
         except TypeError:  # an older vLLM without logprobs_mode
