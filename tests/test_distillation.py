@@ -19,12 +19,9 @@ from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
 from algorithms.opd import OPD, check_same_tokenizer
 from algorithms.opsd import OPSD
 from algorithms.sdpo import SDPO, successful_sibling
+from tiny_rollouts import accept_any
 
 ENV = "household/train"
-
-
-def accept_any(text: str, finish_reason: str):
-    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "look"), None
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from agentgym_opd.rollout import RolloutEngine
 from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
 from algorithms.grpo import GRPO, GRPOConfig
 from algorithms.sft import SFT, SFTConfig, concat_batches, expert_batch
+from tiny_rollouts import accept_any
 
 ENV = "household/train"
 STEPS = 3
@@ -50,11 +51,6 @@ SCENARIOS = {
     "fsdp/grpo_token_mean": ("grpo_token_mean", "fsdp", "exact"),
     "fsdp/sft": ("sft", "fsdp", "exact"),
 }
-
-
-def accept_any(text: str, finish_reason: str):
-    """Send whatever the untrained model says to the env, so rollouts are real multi-turn episodes."""
-    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "look"), None
 
 
 def make_algorithm(case: str, student, micro_batch_size: int) -> Algorithm:

@@ -22,12 +22,9 @@ from agentgym_opd.rollout import RolloutEngine
 from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
 from algorithms.lopd import LOPD, dual_step, latent_teacher_logits
 from experience_bank import Experience, trace_from_episode
+from tiny_rollouts import accept_any
 
 ENV = "household/train"
-
-
-def accept_any(text: str, finish_reason: str):
-    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "look"), None
 
 
 @pytest.fixture(scope="module")

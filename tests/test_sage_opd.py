@@ -25,6 +25,7 @@ from algorithms.sage_opd import (SAGEOPD, SAGEOPDConfig, error_first_verdicts, j
                                  label_importance, opd_scale_normalizer, parse_verdict, selective_loss,
                                  token_importance, turn_confidence)
 from algorithms.sft import SFT, concat_batches, expert_batch
+from tiny_rollouts import accept_any
 
 ENV = "household/train"
 
@@ -103,11 +104,6 @@ def test_verdict_parser_returns_none_for_no_label(text):
 # ----------------------------------------------------------------------------------------------------
 # Real rollouts of the tiny model, a real teacher
 # ----------------------------------------------------------------------------------------------------
-
-
-def accept_any(text: str, finish_reason: str):
-    """Send whatever the untrained model says to the env, so rollouts are real multi-turn episodes."""
-    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "look"), None
 
 
 class CountingTeacher:

@@ -25,13 +25,9 @@ from agentgym_opd.rollout import RolloutEngine
 from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
 from algorithms.vpd import (VPD, Phase, VPDConfig, context_logprobs, env_feedback, repeat_tasks,
                             successful_sibling_by_task)
+from tiny_rollouts import accept_any
 
 ENV = "household/train"
-
-
-def accept_any(text: str, finish_reason: str):
-    """Send whatever the untrained model says to the env, so rollouts are real multi-turn episodes."""
-    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "look"), None
 
 
 @pytest.fixture(scope="module", autouse=True)
