@@ -151,6 +151,20 @@ def test_bad_actions_come_back_as_step_errors(household_ray):
         household_ray.step(["look"])
 
 
+def _wait_until_dead(pid: int, timeout: float = 30.0) -> None:
+    """ray.kill only asks the raylet to kill the actor; wait until its process is really gone (or a zombie)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"actor process {pid} still alive {timeout:.0f} s after ray.kill")
+
+
 def _flaky(**kwargs):
     return RayVectorTextEnv.from_env_fns([lambda: FlakyEnv(**kwargs) for _ in range(2)], actor_options=HALF_CPU)
 
@@ -163,6 +177,7 @@ def test_dead_actor_gives_one_env_crash_result_and_is_replaced(how):
         action0 = "inc"
         if how == "ray.kill":
             ray.kill(vec.actors[0])
+            _wait_until_dead(old_pids[0])
         elif how == "os.kill from outside":
             os.kill(old_pids[0], signal.SIGKILL)
         else:
