@@ -1,9 +1,12 @@
 """`agentgym-opd bench`: every registered algorithm, the same warm start, the same rollout budget, one table.
 
 NOTES (decisions where the brief was silent, and what remains)
-- One process runs everything (warm start, teacher, every algorithm x seed, evaluations): the tiny model
-  loads in milliseconds and a failing algorithm is caught per run (exception -> a ``failed`` row with its
-  error; the traceback goes to ``runs/<algo>/seed<N>/error.txt``) and the bench goes on.
+- Jobs: the warm start and the teacher (two SFT runs, side by side), then the reference evaluations and
+  every algorithm x seed are independent jobs, run in worker processes (``--jobs``; default one per CPU
+  core on CPU, one on a GPU), each on one torch thread. Records come back in job order, so the files do
+  not depend on the worker count (a test checks a parallel run against an in-process rerun). A failing
+  algorithm is caught per run (exception -> a ``failed`` row with its error; the traceback goes to
+  ``runs/<algo>/seed<N>/error.txt``; a worker process that dies fails only its job) and the bench goes on.
 - Equal budget: every run does the same number of update steps with the same number of episodes per step
   (``episodes_per_step`` = tasks_per_step * G; G = ``group_size`` for ``needs_groups`` algorithms, else 1,
   tasks_per_step = episodes_per_step // G). SFT's expert episodes count as its episodes. The budget is
@@ -53,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -105,7 +109,8 @@ class BenchSettings:
     max_turns: int = 10
     max_new_tokens: int = 16
     device: str = "auto"
-    threads: int | None = 1  # torch CPU threads; None = torch's default (see run_bench)
+    threads: int | None = 1  # torch CPU threads per process; None = torch's default (see run_bench)
+    jobs: int | None = None  # worker processes for independent runs; None = default_workers()
     overrides: list[str] = field(default_factory=list)  # key=value for every algorithm run
     algo_overrides: dict[str, list[str]] = field(default_factory=dict)  # per algorithm
     skip_warm_start: bool = False
@@ -246,18 +251,233 @@ def sft_checkpoint(settings: BenchSettings, run_dir: Path, *, steps: int, lr: fl
     return final_model_dir(run_dir)
 
 
+# ----------------------------------------------------------------------------------------------------
+# Jobs: the independent units of a bench, run in worker processes (one CPU thread each) or in-process
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SFTJob:
+    """Train (or reuse) the warm start or the teacher: an SFT run of the base student."""
+
+    name: str  # its folder under the bench output: warm_start / teacher
+    steps: int
+    lr: float
+    context_fraction: float
+
+
+@dataclass(frozen=True)
+class ReferenceJob:
+    """Evaluate a frozen checkpoint (the warm start or the teacher) on every split: a reference row."""
+
+    name: str
+    path: str
+    label: str
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """One algorithm x seed: train from the warm start with the bench budget, then evaluate on every split."""
+
+    name: str
+    seed: int
+    needs_teacher: bool
+    needs_groups: bool
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What every job of one bench shares (sent to each worker process with its job)."""
+
+    settings: BenchSettings
+    env_ids: list[str]
+    section: dict[str, Any]
+    student_path: str = ""
+    teacher_path: str | None = None
+    labels: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
-class RunResult:
-    """One algorithm x seed: its evaluations per env id (or its error), curve and wall times."""
+class JobOutcome:
+    """What a job hands back: validated records (plain dicts: they cross process boundaries), or its error."""
 
     algorithm: str
-    seed: int
-    evaluations: dict[str, list[Any]] = field(default_factory=dict)  # env id -> episodes
-    eval_wall_s: dict[str, float] = field(default_factory=dict)
-    curve: list[dict[str, Any]] = field(default_factory=list)
-    algo_config: dict[str, Any] = field(default_factory=dict)
-    train_wall_s: float = 0.0
+    seed: int | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    model_path: str | None = None  # SFTJob: the checkpoint's model folder
+    messages: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
     error: str | None = None
+
+
+def run_job(job: SFTJob | ReferenceJob | RunJob, context: JobContext) -> JobOutcome:
+    """Run one job where it stands (this process); a worker process runs exactly this."""
+    settings, out = context.settings, Path(context.settings.output_dir)
+    started = time.perf_counter()
+    outcome = JobOutcome(job.name, getattr(job, "seed", None))
+    if isinstance(job, SFTJob):
+        outcome.model_path = str(sft_checkpoint(settings, out / job.name, steps=job.steps, lr=job.lr,
+                                                context_fraction=job.context_fraction, log=outcome.messages.append))
+    elif isinstance(job, ReferenceJob):
+        policy = load_frozen_policy(job.path, settings)
+        for env_id in context.env_ids:
+            episodes, wall = evaluate_policy(policy, env_id, settings, env_args=eval_env_args(env_id, settings))
+            outcome.records.append(build_record(env_id, episodes, algorithm=job.name, student=job.label, teacher=None,
+                                                algorithm_config={"bench": context.section}, seed=settings.eval_seed,
+                                                wall_time_s=wall, curve=None))
+    else:
+        outcome.records, outcome.error = train_and_evaluate(job, context)
+    outcome.wall_s = time.perf_counter() - started
+    return outcome
+
+
+def train_and_evaluate(job: RunJob, context: JobContext) -> tuple[list[dict[str, Any]], str | None]:
+    """One algorithm x seed: (its records, None), or ([], the error) with the traceback in its run folder.
+
+    The training curve here starts at the first in-training evaluation; the bench prepends point 0 (the
+    warm start's success, measured by the warm start's own job).
+    """
+    settings = context.settings
+    run_dir = Path(settings.output_dir) / "runs" / job.name / f"seed{job.seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    t0 = time.perf_counter()
+    try:
+        overrides = run_overrides(settings, job.name, seed=job.seed, run_dir=run_dir, student=context.student_path,
+                                  teacher=context.teacher_path, needs_teacher=job.needs_teacher,
+                                  needs_groups=job.needs_groups)
+        trainer = _trainer(overrides, job.name, settings)
+        algo_config = dict(trainer.config.algo)
+        trainer.train()
+        train_wall_s = time.perf_counter() - t0
+        curve = training_curve(run_dir, settings.episodes_per_step, None)
+        config = {"algo": algo_config, "bench": {**context.section, "train_wall_time_s": round(train_wall_s, 3)}}
+        records = []
+        for env_id in context.env_ids:
+            # the trainer's evaluation policy: the student itself, or its unsharded copy under FSDP
+            episodes, wall = evaluate_policy(trainer.eval_engine.policy, env_id, settings,
+                                             env_args=eval_env_args(env_id, settings))
+            records.append(build_record(env_id, episodes, algorithm=job.name, student=context.labels["student"],
+                                        teacher=context.labels["teacher"] if job.needs_teacher else None,
+                                        algorithm_config=config, seed=job.seed, wall_time_s=wall,
+                                        curve=curve if env_id == settings.env else None))
+        return records, None
+    except BenchError:
+        raise
+    except Exception as err:  # the bench goes on; the row says why
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
+        return [], f"{type(err).__name__}: {err}"
+
+
+def default_workers(settings: BenchSettings) -> int:
+    """Worker processes when ``--jobs`` is not given: one per CPU core on CPU, one on a GPU.
+
+    The tiny student runs best on one torch thread per process (see ``threads``), so on CPU the cores are
+    used by running independent jobs side by side; on a GPU the jobs would share one device, so they run
+    one at a time (pass --jobs to share it anyway).
+    """
+    if settings.device.startswith("cuda"):
+        return 1
+    if settings.device == "auto":
+        import torch
+
+        if torch.cuda.is_available():
+            return 1
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _worker_init(threads: int | None) -> None:
+    """A worker process: the same torch threads and quiet Hugging Face loading as the parent."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def _job_label(job: Any) -> str:
+    return f"{job.name} seed {job.seed}" if isinstance(job, RunJob) else job.name
+
+
+def _steps_done(job: Any, out: Path) -> int:
+    """Progress of a running job as seen from outside: the lines its trainer has logged so far."""
+    if not isinstance(job, RunJob):
+        return 0
+    path = out / "runs" / job.name / f"seed{job.seed}" / "metrics.jsonl"
+    try:
+        with open(path, "rb") as fh:
+            return sum(1 for _ in fh)
+    except OSError:
+        return 0
+
+
+def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callable[[str], None], out: Path) -> list[JobOutcome]:
+    """Run the jobs (in ``workers`` processes, or here when 1); their outcomes in job order.
+
+    Progress: one bar counting training steps (plus one unit per evaluation-only job), read from each
+    running job's metrics.jsonl, and a line per finished job with the time it took and the time left.
+    A run's own error is its outcome; anything else a job raises (a broken setup) is re-raised here.
+    """
+    from tqdm import tqdm
+
+    if not jobs:
+        return []
+    settings = context.settings
+    units = {i: settings.steps if isinstance(job, RunJob) else 1 for i, job in enumerate(jobs)}
+    bar = tqdm(total=sum(units.values()), desc="bench", unit="step", disable=not settings.progress, leave=True)
+    outcomes: dict[int, JobOutcome] = {}
+    times: list[float] = []
+
+    def finished(i: int, outcome: JobOutcome) -> None:
+        outcomes[i] = outcome
+        for message in outcome.messages:
+            log(message)
+        times.append(outcome.wall_s)
+        left = len(jobs) - len(outcomes)
+        status = f"FAILED: {outcome.error} (traceback in its run folder's error.txt)" if outcome.error else "done"
+        eta = f"; {left} job(s) left, ~{left * sum(times) / len(times) / max(workers, 1) / 60:.1f} min" if left else ""
+        log(f"{_job_label(jobs[i])} {status} in {outcome.wall_s:.0f}s{eta}")
+
+    with bar:
+        if workers <= 1:
+            for i, job in enumerate(jobs):
+                bar.set_description(f"bench {_job_label(job)}")
+                finished(i, run_job(job, context))
+                bar.update(units[i])
+        else:
+            import concurrent.futures as cf
+            import multiprocessing
+
+            quiet = JobContext(**{**context.__dict__, "settings": dataclasses.replace(settings, progress=False)})
+            # spawn, not fork: the parent has torch (and maybe Ray, tokenizers) threads that fork would copy mid-state
+            with cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_worker_init, initargs=(settings.threads,)) as pool:
+                futures = {pool.submit(run_job, job, quiet): i for i, job in enumerate(jobs)}
+                pending = set(futures)
+                while pending:
+                    done, pending = cf.wait(pending, timeout=2.0, return_when=cf.FIRST_COMPLETED)
+                    for future in done:
+                        i = futures[future]
+                        try:
+                            outcome = future.result()
+                        except BenchError:
+                            raise
+                        except Exception as err:  # the worker died (killed, out of memory): that job failed
+                            if not isinstance(jobs[i], RunJob):
+                                raise
+                            outcome = JobOutcome(jobs[i].name, jobs[i].seed, error=f"worker lost: {type(err).__name__}: {err}")
+                        finished(i, outcome)
+                    running = [futures[f] for f in pending]
+                    bar.n = (sum(units[i] for i in outcomes)
+                             + sum(min(_steps_done(jobs[i], out), units[i]) for i in running))
+                    bar.set_description(f"bench {len(outcomes)}/{len(jobs)} jobs")
+                    bar.refresh()
+    return [outcomes[i] for i in range(len(jobs))]
 
 
 def run_overrides(settings: BenchSettings, name: str, *, seed: int, run_dir: Path, student: str,
@@ -482,83 +702,50 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
         f"episodes each ({settings.steps} steps x {settings.episodes_per_step}); eval on {env_ids}; "
         f"estimated wall time ~{estimate / 60:.1f} min on 2 CPU cores")
 
-    # 1. warm start and teacher
+    # 1. warm start and teacher: two independent SFT runs of the base student (side by side with 2+ workers)
+    workers = settings.jobs or default_workers(settings)
     base_name = settings.student if settings.student == "tiny" else Path(settings.student).name or settings.student
-    if settings.skip_warm_start:
-        student_path, student_label = settings.student, base_name
-    else:
-        student_path = str(sft_checkpoint(settings, out / "warm_start", steps=settings.warm_steps, lr=settings.warm_lr,
-                                          context_fraction=settings.warm_context_fraction, log=log))
-        student_label = f"{base_name}+sft{settings.warm_steps}"
+    sft_jobs = ([] if settings.skip_warm_start else
+                [SFTJob("warm_start", settings.warm_steps, settings.warm_lr, settings.warm_context_fraction)])
+    sft_jobs += [SFTJob("teacher", settings.teacher_steps, settings.teacher_lr, 0.0)] if train_teacher else []
+    trained = {job.name: outcome.model_path for job, outcome in zip(sft_jobs, run_jobs(
+        sft_jobs, JobContext(settings, env_ids, {}), workers=min(workers, len(sft_jobs)), log=log, out=out))}
+    student_path, student_label = settings.student, base_name
+    if "warm_start" in trained:
+        student_path, student_label = trained["warm_start"], f"{base_name}+sft{settings.warm_steps}"
     teacher_path, teacher_label = settings.teacher, settings.teacher
-    if train_teacher:
-        teacher_path = str(sft_checkpoint(settings, out / "teacher", steps=settings.teacher_steps, lr=settings.teacher_lr,
-                                          context_fraction=0.0, log=log))
-        teacher_label = f"{base_name}+sft{settings.teacher_steps}"
+    if "teacher" in trained:
+        teacher_path, teacher_label = trained["teacher"], f"{base_name}+sft{settings.teacher_steps}"
+
+    section = bench_section(settings)
+    labels = {"student": student_label, "teacher": teacher_label}
+
+    # 2. the reference rows (the warm start and the teacher, evaluated once: greedy has no seed to vary) and
+    #    3. every algorithm x seed from the warm start with the same budget: independent jobs, run in parallel
+    references = [("warm_start", student_path, student_label)] + ([("teacher", teacher_path, teacher_label)] if teacher_path else [])
+    jobs = [ReferenceJob(name, path, label) for name, path, label in references]
+    jobs += [RunJob(name, seed, *flags[name]) for name in flags for seed in settings.seeds]
+    context = JobContext(settings, env_ids, section, student_path, teacher_path, labels)
+    log(f"{len(jobs)} jobs on {min(workers, len(jobs))} worker process(es)")
+    outcomes = run_jobs(jobs, context, workers=min(workers, len(jobs)), log=log, out=out)
 
     records: list[dict[str, Any]] = []
-    section = bench_section(settings)
-
-    # 2. the reference rows: the warm start and the teacher, evaluated once (greedy: no seed to vary)
     start_success: float | None = None
-    references = [("warm_start", student_path, student_label)] + ([("teacher", teacher_path, teacher_label)] if teacher_path else [])
-    for name, path, label in references:
-        log(f"evaluating {name} ({label}) on {env_ids}")
-        policy = load_frozen_policy(path, settings)
-        for env_id in env_ids:
-            episodes, wall = evaluate_policy(policy, env_id, settings, env_args=eval_env_args(env_id, settings))
-            if name == "warm_start" and env_id == settings.env:
-                start_success = sum(e.success for e in episodes) / len(episodes)
-            records.append(build_record(env_id, episodes, algorithm=name, student=label, teacher=None,
-                                        algorithm_config={"bench": section}, seed=settings.eval_seed,
-                                        wall_time_s=wall, curve=None))
-
-    # 3. every algorithm x seed from the warm start, the same budget
-    runs = [(name, seed) for name in flags for seed in settings.seeds]
-    run_times: list[float] = []
-    results: list[RunResult] = []
-    outer = tqdm(runs, desc="bench", unit="run", disable=not settings.progress, position=0, leave=True)
-    for k, (name, seed) in enumerate(outer):
-        outer.set_description(f"bench {name} seed {seed}")
-        needs_teacher, needs_groups = flags[name]
-        result = RunResult(name, seed)
-        run_dir = out / "runs" / name / f"seed{seed}"
-        shutil.rmtree(run_dir, ignore_errors=True)
-        t0 = time.perf_counter()
-        try:
-            overrides = run_overrides(settings, name, seed=seed, run_dir=run_dir, student=student_path,
-                                      teacher=teacher_path, needs_teacher=needs_teacher, needs_groups=needs_groups)
-            trainer = _trainer(overrides, name, settings)
-            result.algo_config = dict(trainer.config.algo)
-            trainer.train()
-            result.train_wall_s = time.perf_counter() - t0
-            result.curve = training_curve(run_dir, settings.episodes_per_step, start_success)
-            for env_id in env_ids:
-                # the trainer's evaluation policy: the student itself, or its unsharded copy under FSDP
-                episodes, wall = evaluate_policy(trainer.eval_engine.policy, env_id, settings,
-                                                 env_args=eval_env_args(env_id, settings))
-                result.evaluations[env_id], result.eval_wall_s[env_id] = episodes, wall
-        except BenchError:
-            raise
-        except Exception as err:  # the bench goes on; the row says why
-            result.error = f"{type(err).__name__}: {err}"
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
-            failures.setdefault(name, f"seed {seed}: {result.error}")
-            log(f"{name} seed {seed} FAILED: {result.error} (traceback in {run_dir / 'error.txt'})")
-        run_times.append(time.perf_counter() - t0)
-        results.append(result)
-        left = len(runs) - k - 1
-        if left:
-            log(f"{name} seed {seed} done in {run_times[-1]:.0f}s; ~{left * sum(run_times) / len(run_times) / 60:.1f} min left")
-        if result.error is None:
-            for env_id in env_ids:
-                config = {"algo": result.algo_config,
-                          "bench": {**section, "train_wall_time_s": round(result.train_wall_s, 3)}}
-                records.append(build_record(env_id, result.evaluations[env_id], algorithm=name, student=student_label,
-                                            teacher=teacher_label if needs_teacher else None, algorithm_config=config,
-                                            seed=seed, wall_time_s=result.eval_wall_s[env_id],
-                                            curve=result.curve if env_id == settings.env else None))
+    for job, outcome in zip(jobs, outcomes):
+        if isinstance(job, ReferenceJob) and job.name == "warm_start":
+            start_success = next(r["metrics"]["success_rate"]["mean"] for r in outcome.records if r["env_id"] == settings.env)
+    results: list[JobOutcome] = []
+    for job, outcome in zip(jobs, outcomes):  # job order, not finishing order: the same files for any --jobs
+        if isinstance(job, RunJob):
+            results.append(outcome)
+            if outcome.error is not None:
+                failures.setdefault(job.name, f"seed {job.seed}: {outcome.error}")
+                continue
+        for record in outcome.records:
+            if isinstance(job, RunJob) and record["env_id"] == settings.env and start_success is not None:
+                # curve point 0 is the warm start's success, measured by its own job
+                record["curve"] = [{"rollouts": 0, "success_rate": float(start_success)}, *record.get("curve", [])]
+            records.append(record)
 
     # 4. records, leaderboard, table: the records are saved first, so a leaderboard problem loses nothing
     save_records(records, out)
@@ -573,6 +760,7 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
     summary = {"settings": dataclasses.asdict(settings), "eval_envs": env_ids, "student": student_label,
                "teacher": teacher_label, "rows": summary_rows, "failures": failures,
                "failed_runs": [{"algorithm": r.algorithm, "seed": r.seed, "error": r.error} for r in results if r.error],
+               "workers": workers,
                "leaderboard": str(board), "leaderboard_error": board_error,
                "wall_time_s": round(wall, 1), "estimated_wall_time_s": round(estimate, 1)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -1,9 +1,10 @@
 """`agentgym-opd bench`: the whole pipeline, for real, on the tiny student and the embedded household env.
 
 One module-scoped bench run (sft and grpo, two seeds, tiny budgets: the pipeline, not the learning, is
-under test) in a subprocess with cwd=tmp_path, as a user would run it; a second run in the same output
-dir reuses the cached warm start, reruns grpo seed 0 (it must reproduce its numbers exactly) and makes
-sft fail through an out-of-range config value (the bench must report it and go on).
+under test; two worker processes) in a subprocess with cwd=tmp_path, as a user would run it; a second run
+in the same output dir, all in one process (--jobs 1), reuses the cached warm start, reruns grpo seed 0
+(it must reproduce the parallel run's numbers exactly) and makes sft fail through an out-of-range config
+value (the bench must report it and go on).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def records_of(out: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("bench")
-    proc = bench(tmp_path, "--algos", "sft,grpo", "--seeds", "2")
+    proc = bench(tmp_path, "--algos", "sft,grpo", "--seeds", "2", "--jobs", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "on 2 worker process(es)" in proc.stderr
     return tmp_path, proc, records_of(tmp_path / "out")
 
 
@@ -90,7 +92,8 @@ def test_leaderboard_has_a_row_per_algorithm_and_the_baseline_and_the_table_is_p
 
 def test_rerun_reuses_the_warm_start_reproduces_numbers_and_reports_a_failing_algorithm(first_run):
     tmp_path, _, before = first_run
-    proc = bench(tmp_path, "--algos", "sft,grpo", "--seeds", "1", "--algo-set", "sft:algo.context_fraction=2")
+    # --jobs 1 runs everything in this one process; the first run used a worker per core: same numbers
+    proc = bench(tmp_path, "--algos", "sft,grpo", "--seeds", "1", "--jobs", "1", "--algo-set", "sft:algo.context_fraction=2")
     assert proc.returncode == 1, proc.stderr[-3000:]  # finished, with a failed run
     assert "reusing warm_start" in proc.stderr
     assert any(ln.startswith("sft") and "FAILED" in ln and "context_fraction" in ln for ln in proc.stdout.splitlines())
@@ -101,6 +104,11 @@ def test_rerun_reuses_the_warm_start_reproduces_numbers_and_reports_a_failing_al
             again = after[(r["algorithm"], r["env_id"], 0)]
             assert again["metrics"] == r["metrics"] and again.get("curve") == r.get("curve")
     assert (tmp_path / "out/runs/sft/seed0/error.txt").read_text().strip()
+
+
+def test_bad_jobs_count_is_a_clear_error_exit_2(tmp_path, capsys):
+    assert main(["bench", "--jobs", "0", "--output-dir", str(tmp_path / "out")]) == 2
+    assert "--jobs needs at least 1 worker process, got 0" in capsys.readouterr().err
 
 
 def test_unknown_algorithm_is_a_clear_error_exit_2(tmp_path, capsys):

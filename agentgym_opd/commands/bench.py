@@ -47,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="model.device for every run (default auto: cuda if present)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default 1: fastest for the tiny model on a shared CPU; 0 = torch's default)")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="worker processes for the independent runs (default: one per CPU core on CPU, 1 on a GPU)")
     parser.add_argument("--algo-set", action="append", default=[], metavar="ALGO:key=value",
                         help="config override for one algorithm only, e.g. grpo:algo.kl_coef=0.01")
     parser.add_argument("--skip-warm-start", action="store_true", help="start every algorithm from --student as is")
@@ -83,6 +85,10 @@ def settings_from_args(args: argparse.Namespace):
             changes[key] = getattr(args, flag)
     if args.threads is not None:
         changes["threads"] = args.threads or None
+    if args.jobs is not None:
+        if args.jobs < 1:
+            raise ValueError(f"--jobs needs at least 1 worker process, got {args.jobs}")
+        changes["jobs"] = args.jobs
     if args.algos:
         changes["algos"] = [a.strip() for item in args.algos for a in item.split(",") if a.strip()]
     if args.seeds is not None:
