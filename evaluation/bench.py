@@ -186,15 +186,19 @@ def algorithm_flags(name: str) -> tuple[bool, bool]:
     return bool(cls.needs_teacher), bool(cls.needs_groups)
 
 
-def estimate_seconds(settings: BenchSettings, algos: list[str], n_eval_envs: int, *, warm: bool, teacher: bool) -> float:
-    """A rough wall-time forecast from per-episode costs measured on the 2-core build machine."""
-    sft_episodes = (settings.warm_steps * warm + settings.teacher_steps * teacher) * settings.sft_tasks_per_step
+def estimate_seconds(settings: BenchSettings, algos: list[str], n_eval_envs: int, *, warm: bool, teacher: bool,
+                     workers: int = 1) -> float:
+    """A rough wall-time forecast from per-episode costs measured on the 2-core build machine (one process
+    per core: the jobs split over ``workers``, the warm start and the teacher side by side)."""
+    sft_runs = [settings.warm_steps * warm, settings.teacher_steps * teacher]
+    sft_steps = max(sft_runs) if workers > 1 else sum(sft_runs)
     train_tasks = min(settings.resolved_env_args().get("num_tasks", settings.eval_episodes), settings.eval_episodes)
     per_run_eval = (settings.eval_points * train_tasks + n_eval_envs * settings.eval_episodes) * SECONDS_PER_EVAL_EPISODE
     per_run_train = settings.budget * SECONDS_PER_ROLLOUT_EPISODE
     runs = len(algos) * len(settings.seeds)
-    return (sft_episodes * SECONDS_PER_EXPERT_EPISODE + runs * (per_run_train + per_run_eval)
-            + (1 + teacher) * n_eval_envs * settings.eval_episodes * SECONDS_PER_EVAL_EPISODE)
+    references = (1 + teacher) * n_eval_envs * settings.eval_episodes * SECONDS_PER_EVAL_EPISODE
+    return (sft_steps * settings.sft_tasks_per_step * SECONDS_PER_EXPERT_EPISODE
+            + (runs * (per_run_train + per_run_eval) + references) / max(workers, 1))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -696,14 +700,14 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
                          f"of it; got group_size={settings.group_size}, episodes_per_step={settings.episodes_per_step}")
     want_teacher = any(t for t, _ in flags.values())
     train_teacher = want_teacher and settings.teacher is None
+    workers = settings.jobs or default_workers(settings)
     estimate = estimate_seconds(settings, list(flags), len(env_ids), warm=not settings.skip_warm_start,
-                                teacher=train_teacher)
+                                teacher=train_teacher, workers=workers)
     log(f"bench: {len(flags)} algorithm(s) {list(flags)} x seeds {settings.seeds}, budget {settings.budget} rollout "
         f"episodes each ({settings.steps} steps x {settings.episodes_per_step}); eval on {env_ids}; "
-        f"estimated wall time ~{estimate / 60:.1f} min on 2 CPU cores")
+        f"estimated wall time ~{estimate / 60:.1f} min with {workers} worker process(es)")
 
     # 1. warm start and teacher: two independent SFT runs of the base student (side by side with 2+ workers)
-    workers = settings.jobs or default_workers(settings)
     base_name = settings.student if settings.student == "tiny" else Path(settings.student).name or settings.student
     sft_jobs = ([] if settings.skip_warm_start else
                 [SFTJob("warm_start", settings.warm_steps, settings.warm_lr, settings.warm_context_fraction)])
