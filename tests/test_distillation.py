@@ -6,32 +6,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-import agentgym_opd
 from agentgym_opd.algorithm import sequence_logits
 from agentgym_opd.distill import (SelfTeacher, aligned_teacher_logits, privileged_text, teacher_inputs,
                                   teacher_prefix)
 from agentgym_opd.losses import token_logprobs
-from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.policy.hf import HFPolicy
 from agentgym_opd.policy.tiny import default_tiny_model
-from agentgym_opd.rollout import RolloutEngine
-from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
 from algorithms.opd import OPD, check_same_tokenizer
 from algorithms.opsd import OPSD
 from algorithms.sdpo import SDPO, successful_sibling
-from tiny_rollouts import accept_any
+from tiny_rollouts import tiny_household_rollout
 
-ENV = "household/train"
 
 
 @pytest.fixture(scope="module")
 def rollout():
-    torch.manual_seed(0)
-    policy = HFPolicy.from_pretrained(default_tiny_model())
-    engine = RolloutEngine(policy, SamplingParams(max_new_tokens=8), system_prompt=DEFAULT_SYSTEM_PROMPT,
-                           action_parser=accept_any)
-    tasks = agentgym_opd.make(ENV).task_ids()[:2]
-    batch = engine.collect(ENV, tasks, group_size=2, seed=11, max_turns=3)
+    policy, batch = tiny_household_rollout(seed=11, max_turns=3, max_new_tokens=8)
     assert all(ep.num_turns == 3 for ep in batch.episodes)  # real multi-turn episodes
     return policy, batch
 

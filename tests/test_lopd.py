@@ -12,29 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
-import agentgym_opd
 from agentgym_opd.algorithm import sequence_logits
-from agentgym_opd.losses import token_logprobs
-from agentgym_opd.policy.base import SamplingParams
-from agentgym_opd.policy.hf import HFPolicy
-from agentgym_opd.policy.tiny import default_tiny_model
-from agentgym_opd.rollout import RolloutEngine
-from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
 from algorithms.lopd import LOPD, dual_step, latent_teacher_logits
 from experience_bank import Experience, trace_from_episode
-from tiny_rollouts import accept_any
+from tiny_rollouts import HOUSEHOLD as ENV
+from tiny_rollouts import tiny_household_rollout
 
-ENV = "household/train"
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    torch.manual_seed(0)
-    policy = HFPolicy.from_pretrained(default_tiny_model())
-    engine = RolloutEngine(policy, SamplingParams(max_new_tokens=8), system_prompt=DEFAULT_SYSTEM_PROMPT,
-                           action_parser=accept_any)
-    tasks = agentgym_opd.make(ENV).task_ids()[:2]
-    batch = engine.collect(ENV, tasks, group_size=2, seed=11, max_turns=3)
+    policy, batch = tiny_household_rollout(seed=11, max_turns=3, max_new_tokens=8)
     algo = LOPD({"embedder": "hashing", "bank_path": str(tmp_path_factory.mktemp("bank")), "num_experiences": 2,
                  "num_latents": 3, "top_m": 16}, policy, optimizer=torch.optim.AdamW(
                      [p for p in policy.model.parameters() if p.requires_grad], lr=1e-3))

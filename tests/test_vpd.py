@@ -12,22 +12,16 @@ import sys
 import pytest
 import torch
 
-import agentgym_opd
 from agentgym_opd.algorithm import sequence_logits
 from agentgym_opd.config import ConfigError, dataclass_from_dict
 from agentgym_opd.distill import aligned_teacher_logits
 from agentgym_opd.losses import RunningMean, bco_implicit_reward, bco_loss, token_logprobs
-from agentgym_opd.policy.base import SamplingParams
-from agentgym_opd.policy.hf import HFPolicy
-from agentgym_opd.policy.tiny import default_tiny_model
 from agentgym_opd.registry import algorithm_registry
-from agentgym_opd.rollout import RolloutEngine
-from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
 from algorithms.vpd import (VPD, Phase, VPDConfig, context_logprobs, env_feedback, repeat_tasks,
                             successful_sibling_by_task)
-from tiny_rollouts import accept_any
+from tiny_rollouts import HOUSEHOLD as ENV
+from tiny_rollouts import tiny_household_rollout
 
-ENV = "household/train"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -44,12 +38,7 @@ def one_thread():
 def rollout(one_thread):
     """Two household tasks x two rollouts, two turns each, by the untrained tiny model; row 0 is then
     labelled a success (the untrained model never succeeds, and BCO needs both sides)."""
-    torch.manual_seed(0)
-    policy = HFPolicy.from_pretrained(default_tiny_model())
-    engine = RolloutEngine(policy, SamplingParams(max_new_tokens=6), system_prompt=DEFAULT_SYSTEM_PROMPT,
-                           action_parser=accept_any)
-    tasks = agentgym_opd.make(ENV).task_ids()[:2]
-    batch = engine.collect(ENV, tasks, group_size=2, seed=5, max_turns=2)
+    policy, batch = tiny_household_rollout(seed=5, max_turns=2, max_new_tokens=6)
     assert all(ep.num_turns == 2 and ep.feedback for ep in batch.episodes)  # real multi-turn episodes, env feedback
     batch.episodes[0].success = True
     return policy, batch
