@@ -39,20 +39,12 @@ TEXT_CHARSET = (
 MAX_TEXT_CHARS = 65536
 _OUTSIDE_CHARSET = re.compile("[^\t\n\x0b\x0c\r\x20-\x7e\u00a0-\u024f\u2010-\u2027]")
 
-
-def _marking_table(allowed: tuple[range, ...]) -> bytes:
-    """A `bytes.translate` table that maps every byte outside `allowed` to '?' and the others to themselves.
-
-    WHY: CPython's `bytes.translate` returns its input object itself when no byte changed, so
-    `b.translate(table) is b` tests "only allowed bytes" in one C loop with no per-call table build: ~2.5x
-    faster than `str.isprintable` (a Unicode-database lookup per character) or a regex scan. Where an
-    interpreter returns a copy instead, the test fails and callers fall back to the exact regex path.
-    """
-    return bytes(c if any(c in r for r in allowed) else ord("?") for c in range(256))
-
-
-_MARK_ASCII_CONTROLS = _marking_table((range(0x09, 0x0E), range(0x20, 0x7F)))  # ASCII text with line breaks
-
+# A `bytes.translate` table that maps the ASCII control characters outside the charset to '?' and every
+# other byte to itself. WHY: CPython's `bytes.translate` returns its input object itself when no byte
+# changed, so `b.translate(_MARK_ASCII_CONTROLS) is b` tests "no control characters" in one C loop with no
+# per-call table build: ~2.5x faster than `str.isprintable` (a Unicode-database lookup per character) or a
+# regex scan. Where an interpreter returns a copy instead, the test fails and the exact regex path runs.
+_MARK_ASCII_CONTROLS = bytes(c if 0x09 <= c <= 0x0D or 0x20 <= c <= 0x7E else ord("?") for c in range(256))
 _NOT_TEXT = re.compile("[\x00-\x08\x0e-\x1f\x7f\ud800-\udfff]")
 
 # First observations known to fit the space. A task's first observation comes back on every replay of the
@@ -87,7 +79,7 @@ def fit_to_charset(text: str, max_chars: int = MAX_TEXT_CHARS) -> str:
     if len(text) <= max_chars and text.isascii():
         ascii_bytes = text.encode()  # ASCII text: its UTF-8 bytes, the fastest encode path
         if ascii_bytes.translate(_MARK_ASCII_CONTROLS) is ascii_bytes:
-            return text  # the common case, decided in C (see _MARK_ASCII_CONTROLS)
+            return text  # the common case, decided in C (see _MARK_ASCII_CONTROLS); step runs it every turn
     if _OUTSIDE_CHARSET.search(text):
         text = _OUTSIDE_CHARSET.sub("?", text)
     if len(text) > max_chars:
@@ -212,8 +204,8 @@ class TextEnv(gym.Env[str, str]):
     def step(self, action: str):
         # The hot path, kept short because every rollout turn of every env runs it (benchmarks/bench_envs.py
         # measures its cost against the raw world logic): a C-level test that the action is one printable
-        # ASCII line of bounded length, one call into the subclass, the progress hook, a C-level test of the
-        # observation. Everything unusual (misuse, odd or empty text) is decided in `_check_step`.
+        # ASCII line of bounded length, one call into the subclass, the progress hook, fit_to_charset's
+        # C-level test of the observation. Everything unusual (misuse, odd or empty text) is decided in `_check_step`.
         if self.done or type(action) is not str or not (
             action.isascii() and action.isprintable() and len(action) <= self.max_action_chars
         ):
@@ -236,11 +228,7 @@ class TextEnv(gym.Env[str, str]):
         feedback = outcome.feedback
         if done and not feedback:
             feedback = self.episode_feedback()
-        obs = outcome.observation
-        if not (obs.isascii() and len(obs) <= MAX_TEXT_CHARS
-                and (as_bytes := obs.encode()).translate(_MARK_ASCII_CONTROLS) is as_bytes):
-            obs = fit_to_charset(obs)  # the test above is fit_to_charset's own fast path, inlined
-        self.last_observation = obs
+        obs = self.last_observation = fit_to_charset(outcome.observation)
         info = {
             "turn": turn,
             "error": error,

@@ -41,10 +41,11 @@ def _scripts(env: ToolUseEnv) -> list[tuple[str, list[str]]]:
     return scripts
 
 
-def episode_modes() -> dict[str, Callable[[int], int]]:
+def episode_modes() -> tuple[dict[str, Callable[[int], int]], dict]:
     """The loops over the same episodes (`mode(k)` plays script k, cycling, and returns its steps: "wrapped"
     through env.step, "raw" the world logic alone, "floor" the raw logic returned through gymnasium's API,
-    see `_gym_floor`). Shared with `bench_envs_instructions.py` and tests/test_bench_envs.py."""
+    see `_gym_floor`) and facts about the setup. Shared with `bench_envs_instructions.py` and
+    tests/test_bench_envs.py."""
     env = ToolUseEnv("train", max_turns=30)
     scripts = _scripts(env)
     tasks = [env.get_task(task_id) for task_id, _ in scripts]
@@ -76,17 +77,19 @@ def episode_modes() -> dict[str, Callable[[int], int]]:
         env.episode_feedback()
         return len(actions)
 
-    return {"wrapped": wrapped, "raw": raw, "floor": floor}
+    return {"wrapped": wrapped, "raw": raw, "floor": floor}, {"tasks": len(scripts)}
 
 
 def run(seconds: float = 3.0) -> dict:
-    """Measure for about `seconds` per mode; returns steps/s of both modes and the wrapper overhead."""
-    timing = paired_rounds(episode_modes(), 2 * seconds, baseline="raw")
+    """Measure for about `seconds` per mode; returns steps/s of env.step and of the raw logic, and the
+    overheads of the wrapper and of the bare gymnasium API."""
+    modes, setup = episode_modes()
+    timing = paired_rounds(modes, 2 * seconds, baseline="raw")
     overhead, q1, q3 = timing.overhead("wrapped")
     return {"env_steps_per_s": timing.rates["wrapped"], "raw_steps_per_s": timing.rates["raw"],
             "wrapper_overhead": overhead, "overhead_iqr": (q1, q3), "rounds": timing.rounds,
             "floor_overhead": timing.overhead("floor")[0],
-            "error_fraction": 0.5}
+            "error_fraction": 0.5, **setup}
 
 
 if __name__ == "__main__":
