@@ -11,6 +11,9 @@ world logic:
   exceptions, so bad model output never crashes a rollout;
 * the turn limit (`truncated`), the episode-end feedback, and the misuse errors for the caller (step
   before reset or after the episode ended, an unknown task id), which *do* raise.
+* observations inside `observation_space` and gymnasium's types for reward and flags: repaired per step
+  for envs whose text the project does not control, guaranteed by the env itself (`valid_outcomes`) for
+  the embedded worlds, whose steps take microseconds and would pay for the repair in throughput.
 
 Subclasses implement `task_ids`, `get_task`, `_start`, `_act` and, where they know them,
 `admissible_actions`, `progress` and `episode_feedback`.
@@ -47,13 +50,9 @@ _OUTSIDE_CHARSET = re.compile("[^\t\n\x0b\x0c\r\x20-\x7e\u00a0-\u024f\u2010-\u20
 _MARK_ASCII_CONTROLS = bytes(c if 0x09 <= c <= 0x0D or 0x20 <= c <= 0x7E else ord("?") for c in range(256))
 _NOT_TEXT = re.compile("[\x00-\x08\x0e-\x1f\x7f\ud800-\udfff]")
 
-# First observations known to fit the space. A task's first observation comes back on every replay of the
-# task (a GRPO group, every epoch) and can be long (a tool listing, a room description), so `reset` tests
-# each text once: a set lookup instead of a scan, ~3 points of the tool-use world's wrapper overhead.
-# Process-wide and bounded (at most _FIRST_OBS_MEMO_TEXTS texts of at most _FIRST_OBS_MEMO_CHARS each).
-_FITTING_FIRST_OBSERVATIONS: set[str] = set()
-_FIRST_OBS_MEMO_TEXTS = 4096
-_FIRST_OBS_MEMO_CHARS = 16384
+# How many accepted action texts an env remembers (see `TextEnv.step`): enough for every command of the
+# worlds with admissible lists, small enough not to matter beside a vector of envs (~0.3 MB each when full).
+ACCEPTED_ACTIONS_MAX = 4096
 
 
 class EnvMisuseError(RuntimeError):
@@ -79,7 +78,7 @@ def fit_to_charset(text: str, max_chars: int = MAX_TEXT_CHARS) -> str:
     if len(text) <= max_chars and text.isascii():
         ascii_bytes = text.encode()  # ASCII text: its UTF-8 bytes, the fastest encode path
         if ascii_bytes.translate(_MARK_ASCII_CONTROLS) is ascii_bytes:
-            return text  # the common case, decided in C (see _MARK_ASCII_CONTROLS); step runs it every turn
+            return text  # the common case, decided in C (see _MARK_ASCII_CONTROLS)
     if _OUTSIDE_CHARSET.search(text):
         text = _OUTSIDE_CHARSET.sub("?", text)
     if len(text) > max_chars:
@@ -90,7 +89,8 @@ def fit_to_charset(text: str, max_chars: int = MAX_TEXT_CHARS) -> str:
 
 @dataclass(slots=True)
 class StepOutcome:
-    """What a subclass's `_act` returns for one turn; the base class turns it into gymnasium's 5-tuple."""
+    """What a subclass's `_act` returns for one turn; the base class turns it into gymnasium's 5-tuple
+    (fitting the observation and converting the reward and flag, unless the env sets `valid_outcomes`)."""
 
     observation: str
     reward: float = 0.0
@@ -99,11 +99,24 @@ class StepOutcome:
     feedback: str = ""
 
 
+def _validated(outcome: StepOutcome) -> StepOutcome:
+    """`outcome` made a valid gymnasium value, for envs that do not guarantee it (`TextEnv.valid_outcomes`)."""
+    return StepOutcome(fit_to_charset(outcome.observation), float(outcome.reward), bool(outcome.terminated),
+                       outcome.error, outcome.feedback)
+
+
 class TextEnv(gym.Env[str, str]):
     """Base class of all agentgym-opd environments (see the module docstring for the contract)."""
 
     metadata = {"render_modes": ["ansi", "human"]}
     description = "a text environment"
+    # True where the env's own code guarantees that what `_start` and `_act` return is already a valid
+    # gymnasium value: every observation a member of `observation_space` (all text built from the env's own
+    # vocabulary, anything echoed from the agent escaped), every reward a float, every `terminated` a bool.
+    # The base class then passes outcomes through as they are; otherwise it fits each observation with
+    # `fit_to_charset` and converts the reward and flag, which is right for wrapped benchmarks whose text
+    # and types it does not control. tests/test_env_text_guarantee.py holds every env that sets it to it.
+    valid_outcomes = False
 
     def __init__(
         self,
@@ -127,9 +140,13 @@ class TextEnv(gym.Env[str, str]):
         self.action_space = spaces.Text(max_length=max_action_chars, min_length=1, charset=TEXT_CHARSET)
         self.task: Task | None = None
         self.turn = 0
-        self.done = True  # no episode in progress until reset(); `step` checks only this flag on its hot path
+        self.done = True  # no episode in progress until reset()
         self.last_observation = ""
         self.error_log: list[StepError] = []
+        # Action texts this env has already checked and found plain (see `step`); valid for the env's life,
+        # because the checks depend only on the text and `max_action_chars`.
+        self._accepted_actions: set[str] = set()
+        self.valid_outcomes = self.valid_outcomes  # an instance attribute: a faster read on the hot path
 
     # ----------------------------------------------------------------- subclass hooks
     def task_ids(self) -> list[str]:
@@ -182,12 +199,8 @@ class TextEnv(gym.Env[str, str]):
         self.done = False
         self.error_log = []
         obs = self._start(task)
-        if obs not in _FITTING_FIRST_OBSERVATIONS:
-            fitted = fit_to_charset(obs)
-            if (fitted is obs and len(obs) <= _FIRST_OBS_MEMO_CHARS
-                    and len(_FITTING_FIRST_OBSERVATIONS) < _FIRST_OBS_MEMO_TEXTS):
-                _FITTING_FIRST_OBSERVATIONS.add(obs)
-            obs = fitted
+        if not self.valid_outcomes:
+            obs = fit_to_charset(obs)
         self.last_observation = obs
         success, score = self.progress()
         info = {
@@ -203,23 +216,27 @@ class TextEnv(gym.Env[str, str]):
 
     def step(self, action: str):
         # The hot path, kept short because every rollout turn of every env runs it (benchmarks/bench_envs.py
-        # measures its cost against the raw world logic): a C-level test that the action is one printable
-        # ASCII line of bounded length, one call into the subclass, the progress hook, fit_to_charset's
-        # C-level test of the observation. Everything unusual (misuse, odd or empty text) is decided in `_check_step`.
-        if self.done or type(action) is not str or not (
-            action.isascii() and action.isprintable() and len(action) <= self.max_action_chars
-        ):
-            error = self._check_step(action)  # raises on misuse; odd text becomes a parse error
-        else:
+        # measures its cost against the raw world logic). An action text this env has accepted before skips
+        # the text checks (one set lookup instead of `_check_action`'s scans of the text), and agents repeat
+        # their commands: the same "go to cabinet 1" in every episode of a task, in every sibling of a GRPO
+        # group. Anything else, misuse included, goes through `_check_action`. Envs that guarantee their own
+        # outcomes (`valid_outcomes`) skip the per-step repair of the observation, reward and flag.
+        try:
+            known = action in self._accepted_actions and not self.done
+        except TypeError:  # an unhashable action, e.g. a list: not text
+            known = False
+        if known:
             error = None
-        action = action.strip()
+        else:
+            error, action = self._check_action(action)  # raises on misuse; odd text becomes a parse error
         turn = self.turn = self.turn + 1
-        if error is None and action:
+        if error is None:
             outcome = self._act(action)
+            if not self.valid_outcomes:
+                outcome = _validated(outcome)
             error = outcome.error
         else:
-            error = error or self._check_text(action)
-            outcome = StepOutcome(self._error_observation(error), error=error)
+            outcome = StepOutcome(fit_to_charset(self._error_observation(error)), error=error)
         if error is not None:
             self.error_log.append(error)
         terminated = outcome.terminated
@@ -228,7 +245,7 @@ class TextEnv(gym.Env[str, str]):
         feedback = outcome.feedback
         if done and not feedback:
             feedback = self.episode_feedback()
-        obs = self.last_observation = fit_to_charset(outcome.observation)
+        obs = self.last_observation = outcome.observation
         info = {
             "turn": turn,
             "error": error,
@@ -239,7 +256,7 @@ class TextEnv(gym.Env[str, str]):
         }
         if self.render_mode == "human":
             print(obs)
-        return obs, float(outcome.reward), bool(terminated), done and not terminated, info
+        return obs, outcome.reward, terminated, done and not terminated, info
 
     def render(self):
         if self.render_mode == "ansi":
@@ -249,15 +266,23 @@ class TextEnv(gym.Env[str, str]):
         return None
 
     # ----------------------------------------------------------------- helpers
-    def _check_step(self, action: Any) -> StepError | None:
-        """The checks `step` skips for plain one-line text: misuse raises, odd text becomes a parse error."""
+    def _check_action(self, action: Any) -> tuple[StepError | None, str]:
+        """What `step` does with an action it has not accepted before: misuse raises, odd text becomes a parse
+        error; returns (the error or None, the text stripped). Plain text that needs no stripping is
+        remembered, so the next step with the same text skips these checks."""
         if self.task is None:
             raise EnvMisuseError(f"{self.env_id}: call reset() before step()")
         if self.done:
             raise EnvMisuseError(f"{self.env_id}: the episode is over (turn {self.turn}); call reset() to start a new one")
         if not isinstance(action, str):
             raise TypeError(f"{self.env_id}: an action is a str, got {type(action).__name__}")
-        return self._check_text(action)
+        error = self._check_text(action)
+        stripped = action.strip()
+        if error is None and stripped == action and type(action) is str:
+            if len(self._accepted_actions) >= ACCEPTED_ACTIONS_MAX:
+                self._accepted_actions.clear()  # a long run of one-off texts: start remembering afresh
+            self._accepted_actions.add(action)
+        return error, stripped
 
     def _check_text(self, action: str) -> StepError | None:
         """Generic checks of agent output that hold for every benchmark."""

@@ -81,6 +81,28 @@ def test_misuse_raises_clearly():
         env.reset(options={"task_id": "counter/train/11"})
 
 
+def test_accepted_action_memo_changes_no_outcome():
+    """`step` skips the text checks for a text it accepted before; misuse and odd text still get their errors."""
+    import agentgym_opd.core as core
+
+    env = CounterEnv(max_turns=50)
+    env.reset(options={"task_id": "counter/train/4"})
+    assert env.step("dec")[4]["error"] is None and "dec" in env._accepted_actions
+    assert env.step(" dec ")[4]["error"] is None and " dec " not in env._accepted_actions  # stripped, not kept
+    for bad in (["dec"], {"dec": 1}, b"dec", 3):
+        with pytest.raises(TypeError, match="an action is a str"):
+            env.step(bad)  # type: ignore[arg-type]
+    assert env.turn == 2  # misuse did not count as a turn
+    env.max_turns = env.turn + 1
+    assert env.step("dec")[3]  # truncated: the episode is over
+    with pytest.raises(EnvMisuseError, match="episode is over"):
+        env.step("dec")  # a remembered text does not slip past the end of the episode
+    env.reset(options={"task_id": "counter/train/4"})
+    for i in range(core.ACCEPTED_ACTIONS_MAX + 5):  # the memory is bounded
+        env._check_action(f"a{i}")
+    assert 0 < len(env._accepted_actions) <= core.ACCEPTED_ACTIONS_MAX
+
+
 def test_observations_fit_the_space():
     env = CounterEnv()
     text = "caf\u00e9 \u4e2d\u6587 \u2014 ok\x07"

@@ -19,7 +19,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from environments.tooluse.tools import close_matches
+from environments.tooluse.tools import close_matches, quote
 
 _TAG_OPEN, _TAG_CLOSE = "<tool_call>", "</tool_call>"
 _FENCE = re.compile(r"```(?:json)?\s*\n?(.*?)```", re.S)
@@ -96,7 +96,7 @@ class ToolSpec:
         known = {p.name: p for p in self.params}
         unexpected = [a for a in arguments if a not in known]
         if unexpected:
-            raise CallError("tool_error", f"unexpected argument {unexpected[0]!r} for {self.signature_text()}; "
+            raise CallError("tool_error", f"unexpected argument {quote(unexpected[0])} for {self.signature_text()}; "
                             f"it takes only {', '.join(known) or 'no arguments'}. Remove it.")
         missing = [p.name for p in self.params if p.required and p.name not in arguments]
         if missing:
@@ -180,7 +180,7 @@ def resolve(specs: dict[str, ToolSpec], name: str) -> ToolSpec:
     if spec is None:
         close = close_matches(name, tuple(specs), 0.4)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise CallError("tool_error", f"unknown function {name!r}.{hint} Available: {', '.join(specs)}.")
+        raise CallError("tool_error", f"unknown function {quote(name)}.{hint} Available: {', '.join(specs)}.")
     return spec
 
 

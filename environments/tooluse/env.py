@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any
 
-from agentgym_opd.core import StepOutcome, TextEnv, UnknownTaskError
+from agentgym_opd.core import StepOutcome, TextEnv, UnknownTaskError, fit_to_charset
 from agentgym_opd.types import StepError, Task
 from environments.tooluse.answers import answers_match
 from environments.tooluse.calls import FORMAT_HINT, CallError, ToolSpec, parse_call, resolve
@@ -44,6 +44,9 @@ class ToolUseEnv(TextEnv):
     """Embedded shop world: answer questions by chaining 1-4 typed function calls, then submit_answer."""
 
     description = "embedded tool-use world: typed JSON function calls on a seeded shop, 1-4 dependent calls"
+    # Observations are JSON (ASCII-escaped by json.dumps) or error messages that quote agent text through
+    # `tools.quote` (ascii(), bounded), so every one is in the text space without a per-step test.
+    valid_outcomes = True
 
     def __init__(self, split: str = "train", *, num_tasks: int | None = None, max_turns: int = 12,
                  data_root: str | os.PathLike | None = None, **kwargs: Any):
@@ -117,7 +120,7 @@ class ToolUseEnv(TextEnv):
             self.submitted = bound["answer"]
             self.correct = answers_match(self.submitted, self.current.answer)
             verdict = "correct" if self.correct else "incorrect"
-            return StepOutcome(json.dumps(f"answer {self.submitted!s} submitted: {verdict}"),
+            return StepOutcome(json.dumps(f"answer {str(self.submitted)[:200]} submitted: {verdict}"),
                                reward=1.0 if self.correct else 0.0, terminated=True)
         try:
             result = spec.func(self.world, **bound)
@@ -126,7 +129,8 @@ class ToolUseEnv(TextEnv):
             return StepOutcome(f"Error: {message}", error=StepError("tool_error", message))
         except Exception as exc:  # a tool bug must not kill the rollout; report it as the tool's failure
             message = f"{name} raised {type(exc).__name__}: {exc}"
-            return StepOutcome(f"Error: {message}", error=StepError("tool_error", message))
+            # an exception's text can be anything: fit the observation to the text space
+            return StepOutcome(fit_to_charset(f"Error: {message}"), error=StepError("tool_error", message))
         self.calls_made.append((name, bound))
         return StepOutcome(json.dumps(result))
 

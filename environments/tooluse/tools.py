@@ -44,6 +44,13 @@ def close_matches(word: str, candidates: tuple[str, ...], cutoff: float) -> tupl
     return tuple(difflib.get_close_matches(word, candidates, n=3, cutoff=cutoff))
 
 
+def quote(text: str, limit: int = 80) -> str:
+    """Agent-sent text as an error message shows it: `ascii()` of at most `limit` characters. WHY: the
+    messages become observations, which must stay inside the env's text space however odd the agent's
+    strings (JSON escapes can carry any code point), and a quoted 4,000-character name teaches nothing."""
+    return ascii(text if len(text) <= limit else text[:limit] + "...")
+
+
 class ToolFailure(Exception):
     """A tool refused the call (unknown item, out of stock, ...); the message is shown to the agent."""
 
@@ -89,14 +96,14 @@ class ShopWorld:
         if found is None:
             close = close_matches(name.lower(), tuple(self.items), 0.5)
             hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise ToolFailure(f"unknown item {name!r}: this shop does not sell it.{hint} "
+            raise ToolFailure(f"unknown item {quote(name)}: this shop does not sell it.{hint} "
                               "Use search_catalogue to find the exact item names.")
         return found
 
     def rate(self, currency: str) -> float:
         code = currency.strip().upper()
         if code not in self.rates:
-            raise ToolFailure(f"unknown currency {currency!r}; supported: {', '.join(self.rates)}.")
+            raise ToolFailure(f"unknown currency {quote(currency)}; supported: {', '.join(self.rates)}.")
         return self.rates[code]
 
 
@@ -144,7 +151,7 @@ def convert_units(world: ShopWorld, value: float, from_unit: str, to_unit: str) 
     """Convert a weight between units kg, g, lb and oz, rounded to 2 decimals."""
     for unit in (from_unit, to_unit):
         if unit.strip().lower() not in UNITS_TO_KG:
-            raise ToolFailure(f"unknown unit {unit!r}; supported: {', '.join(UNITS_TO_KG)}.")
+            raise ToolFailure(f"unknown unit {quote(unit)}; supported: {', '.join(UNITS_TO_KG)}.")
     return round(value * UNITS_TO_KG[from_unit.strip().lower()] / UNITS_TO_KG[to_unit.strip().lower()], 2)
 
 
@@ -182,7 +189,7 @@ def cancel_order(world: ShopWorld, order_id: str) -> str:
     entry = world.orders.pop(order_id.strip().upper(), None)
     if entry is None:
         known = ", ".join(world.orders) or "none"
-        raise ToolFailure(f"no open order {order_id!r} (open orders: {known}); use the id place_order returned.")
+        raise ToolFailure(f"no open order {quote(order_id)} (open orders: {known}); use the id place_order returned.")
     name, quantity = entry
     world.items[name].stock += quantity
     return f"cancelled {order_id.strip().upper()}: {quantity} {name} returned to stock"
