@@ -276,30 +276,27 @@ class TextEnv(gym.Env[str, str]):
             raise EnvMisuseError(f"{self.env_id}: the episode is over (turn {self.turn}); call reset() to start a new one")
         if not isinstance(action, str):
             raise TypeError(f"{self.env_id}: an action is a str, got {type(action).__name__}")
-        error = self._check_text(action)
         stripped = action.strip()
-        if error is None and stripped == action and type(action) is str:
-            if len(self._accepted_actions) >= ACCEPTED_ACTIONS_MAX:
-                self._accepted_actions.clear()  # a long run of one-off texts: start remembering afresh
-            self._accepted_actions.add(action)
-        return error, stripped
-
-    def _check_text(self, action: str) -> StepError | None:
-        """Generic checks of agent output that hold for every benchmark."""
         if len(action) > self.max_action_chars:
             return StepError(
                 "parse_error",
                 f"The action is {len(action)} characters long; the limit is {self.max_action_chars}. "
                 "Answer with a single short action.",
-            )
-        if not action.strip():
-            return StepError("parse_error", "The action is empty. Answer with exactly one action.")
-        if _NOT_TEXT.search(action):
+            ), stripped
+        if not stripped:
+            return StepError("parse_error", "The action is empty. Answer with exactly one action."), stripped
+        # isprintable() is False for every control character and lone surrogate, so it clears most text in one
+        # C loop; the regex then decides the rest (newlines and tabs are allowed, other controls are not)
+        if not action.isprintable() and _NOT_TEXT.search(action):
             return StepError(
                 "parse_error",
                 "The action contains control characters or invalid Unicode (not UTF-8 text). Answer in plain text.",
-            )
-        return None
+            ), stripped
+        if stripped == action and type(action) is str:
+            if len(self._accepted_actions) >= ACCEPTED_ACTIONS_MAX:
+                self._accepted_actions.clear()  # a long run of one-off texts: start remembering afresh
+            self._accepted_actions.add(action)
+        return None, stripped
 
     def _error_observation(self, error: StepError) -> str:
         """Observation for an action the base class rejected; subclasses may add state (e.g. the admissible list)."""

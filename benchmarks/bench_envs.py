@@ -23,6 +23,8 @@ FAMILIES = {"household/train": "bench_household", "tooluse/train": "bench_toolus
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per env and mode")
+    parser.add_argument("--new-texts", action="store_true",
+                        help="also time household actions that arrive as new string objects, and never-seen texts")
     args = parser.parse_args()
     rows = []
     for env_id, module in FAMILIES.items():
@@ -32,6 +34,10 @@ def main() -> int:
         q1, q3 = r["overhead_iqr"]
         print(f"{r['env_id']:<16} {r['env_steps_per_s']:>11,.0f} {r['raw_steps_per_s']:>11,.0f} "
               f"{r['wrapper_overhead']:>8.1%} {q1:>7.1%}..{q3:<6.1%} {r['floor_overhead']:>13.1%}")
+    if args.new_texts:
+        new = importlib.import_module("bench_household").run_new_texts(args.seconds)
+        print(f"\nhousehold/train, actions as new string objects: {new['wrapped_new_object']:.1%} overhead; "
+              f"every text unseen (full checks each step): {new['wrapped_unseen']:.1%}")
     return 0
 
 

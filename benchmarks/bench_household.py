@@ -83,6 +83,57 @@ def episode_modes() -> tuple[dict[str, Callable[[int], int]], dict]:
     return modes, {"plan_ms_per_task": plan_ms, "tasks": len(ids)}
 
 
+def new_text_modes() -> dict[str, Callable[[int], int]]:
+    """The wrapped and raw loops again, with each action a new string object (its hash computed anew, as for
+    decoded model output): "raw_new_object" and "wrapped_new_object"; and "wrapped_unseen", which also
+    empties the env's memory of accepted texts before every step, so every action pays `_check_action`.
+    The raw loop makes the same emptying call, so the modes differ by the wrapper alone."""
+    env = HouseholdEnv("train", max_turns=30)
+    ids = env.task_ids()[:N_TASKS]
+    tasks = [env.get_task(i) for i in ids]
+
+    def new_object(text: str) -> str:
+        return text.encode().decode()
+
+    def wrapped(forget: bool) -> Callable[[int], int]:
+        def episode(k: int) -> int:
+            rng = random.Random(k)
+            _, info = env.reset(options={"task_id": ids[k % len(ids)]})
+            n = 0
+            while True:
+                if forget:
+                    env._accepted_actions.clear()
+                _, _, terminated, truncated, info = env.step(new_object(rng.choice(info["admissible_actions"])))
+                n += 1
+                if terminated or truncated:
+                    return n
+        return episode
+
+    def raw(k: int) -> int:
+        rng = random.Random(k)
+        env._start(tasks[k % len(tasks)])
+        actions = env.admissible_actions()
+        env.progress()
+        for n in range(1, env.max_turns + 1):
+            env._accepted_actions.clear()
+            outcome = env._act(new_object(rng.choice(actions)))
+            actions = env.admissible_actions()
+            env.progress()
+            if outcome.terminated:
+                env.episode_feedback()
+                return n
+        env.episode_feedback()
+        return env.max_turns
+
+    return {"raw_new_object": raw, "wrapped_new_object": wrapped(False), "wrapped_unseen": wrapped(True)}
+
+
+def run_new_texts(seconds: float = 3.0) -> dict[str, float]:
+    """Median overhead over paired rounds when actions arrive as new objects, and when every text is unseen."""
+    timing = paired_rounds(new_text_modes(), 2 * seconds, baseline="raw_new_object")
+    return {mode: timing.overhead(mode)[0] for mode in ("wrapped_new_object", "wrapped_unseen")}
+
+
 def run(seconds: float = 3.0) -> dict:
     """Measure for about `seconds` per mode; returns steps/s of env.step and of the raw logic, and the
     overheads of the wrapper and of the bare gymnasium API."""

@@ -34,6 +34,17 @@ def test_every_mode_plays_the_same_actions(module, env_class, monkeypatch):
     assert sum(trajectories["raw"][0]) == len(trajectories["raw"][1]) > 6  # every step reached the world
 
 
+def test_new_text_modes_play_the_same_actions(monkeypatch):
+    played: list[str] = []
+    act = HouseholdEnv._act
+    monkeypatch.setattr(HouseholdEnv, "_act", lambda self, action: (played.append(action), act(self, action))[1])
+    trajectories = {}
+    for name, episode in bench_household.new_text_modes().items():
+        played.clear()
+        trajectories[name] = ([episode(k) for k in range(4)], list(played))
+    assert len({repr(t) for t in trajectories.values()}) == 1 and len(played) > 4
+
+
 def test_paired_rounds_reports_every_mode_against_the_baseline():
     def work(n):
         return lambda k: sum(range(n)) * 0 + 1
@@ -48,5 +59,14 @@ def test_paired_rounds_reports_every_mode_against_the_baseline():
 def test_instruction_counts_come_from_valgrind():
     per_step = bench_envs_instructions.count("bench_tooluse", episodes=4)
     assert set(per_step) == {"wrapped", "raw", "floor"}
-    # the wrapper does everything the raw loop does and more, so it can only cost more instructions
-    assert per_step["wrapped"] > per_step["floor"] > per_step["raw"] > 1000
+    for measure in ("instructions", "cycles"):
+        wrapped, floor, raw = (per_step[mode][measure] for mode in ("wrapped", "floor", "raw"))
+        # the wrapper does everything the raw loop does and more, so it can only cost more
+        assert wrapped > floor > raw > 1000, measure
+    # cache misses and mispredictions only add to the instructions
+    assert per_step["raw"]["cycles"] > per_step["raw"]["instructions"]
+
+
+def test_cycle_estimate_is_kcachegrinds_formula():
+    events = {"Ir": 1000, "I1mr": 1, "D1mr": 2, "D1mw": 3, "ILmr": 1, "DLmr": 0, "DLmw": 1, "Bcm": 4, "Bim": 5}
+    assert bench_envs_instructions.estimated_cycles(events) == 1000 + 10 * (6 + 9) + 100 * 2

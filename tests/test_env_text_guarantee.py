@@ -73,26 +73,37 @@ def _assert_valid(env: TextEnv, obs, reward=0.0, terminated=False, truncated=Fal
     assert type(reward) is float and type(terminated) is bool and type(truncated) is bool
 
 
+def _generic_actions(odd: str) -> list[str]:
+    """For a vouching env this file has no special knowledge of: the odd text alone, long, and inside words."""
+    return [odd, odd * 4000, f"look at {odd}", f'{{"name": "{odd}", "arguments": {{"{odd}": "{odd}"}}}}']
+
+
 @pytest.mark.parametrize("env_id", VOUCHING)
 def test_hostile_text_never_leaves_the_observation_space(env_id):
     env = agentgym_opd.make(env_id, max_turns=400)
     rng = random.Random(env_id)
-    household = env_id.startswith("household/")
-    for episode, odd_text in enumerate(ODD if household else ODD + ESCAPED):
+    family = env_id.split("/")[0]
+    for episode, odd_text in enumerate(ODD + ESCAPED):
         obs, info = env.reset(seed=episode)
         _assert_valid(env, obs)
-        odd = _household_actions(rng, odd_text, info["admissible_actions"]) if household else _tool_calls(odd_text)
+        if family == "household":
+            odd = _household_actions(rng, odd_text, info["admissible_actions"])
+        elif family == "tooluse":
+            odd = _tool_calls(odd_text)
+        else:
+            odd = _generic_actions(odd_text)
         for action in odd * 2:  # twice: the second time through the accepted-action memo
             obs, reward, terminated, truncated, info = env.step(action)
             _assert_valid(env, obs, reward, terminated, truncated)
             if terminated or truncated:
                 break
-        assert len(env.error_log) >= len(odd), (env_id, env.error_log)  # the hostile text did reach the errors
-        walkthrough = [] if terminated else env.task.privileged["walkthrough"]
+        if family in ("household", "tooluse"):  # none of their hostile actions is a valid command or call
+            assert len(env.error_log) >= len(odd), (env_id, env.error_log)
+        walkthrough = [] if terminated or truncated else env.task.privileged.get("walkthrough", [])
         for action in walkthrough:
             obs, reward, terminated, truncated, info = env.step(action)
             _assert_valid(env, obs, reward, terminated, truncated)
-        if walkthrough:
+        if walkthrough and family in ("household", "tooluse"):
             assert terminated and reward == 1.0 and info["success"], env_id
 
 
