@@ -146,3 +146,11 @@ def test_an_env_that_does_not_vouch_is_repaired_by_the_base_class():
     obs, reward, terminated, truncated, _ = env.step("caf\u00e9 \u4e2d")  # CounterEnv echoes unknown commands
     _assert_valid(env, obs, reward, terminated, truncated)
     assert "\u4e2d" not in obs
+
+
+@pytest.mark.parametrize("env_id", VOUCHING)
+def test_every_first_observation_is_in_the_space(env_id):
+    env = agentgym_opd.make(env_id)
+    for task_id in env.task_ids():
+        obs, _ = env.reset(options={"task_id": task_id})
+        _assert_valid(env, obs)
