@@ -208,7 +208,9 @@ def test_collect_survives_a_kill_mid_run_without_losing_or_duplicating(household
     def agent_that_kills_a_worker(obs, info):
         calls["n"] += 1
         if calls["n"] == 7:  # mid-collection: several episodes done, two running
+            pid = household_ray.pids()[1]
             ray.kill(household_ray.actors[1])
+            _wait_until_dead(pid)  # else the actor may finish its work before the kill lands, and never crash
         return walk(obs, info)
 
     episodes = collect_episodes(household_ray, agent_that_kills_a_worker, ids)
