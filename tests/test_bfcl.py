@@ -411,3 +411,26 @@ def test_memory_ids_are_registered_and_answer_format_is_not_a_call():
 @pytest.mark.parametrize("category", ["simple_python", "multi_turn_base", "memory_rec_sum"])
 def test_gymnasium_check_env_passes(category):
     check_env(BfclEnv(category), skip_render_check=True)
+
+
+@pytest.mark.parametrize("category", ["multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param",
+                                      "multi_turn_long_context"])
+def test_every_multi_turn_walkthrough_scores_one(category):
+    # The walkthroughs write BFCL's ground-truth calls with keyword arguments only (BFCL's own decoder
+    # drops positional ones), run by method lookup; BFCL's checker accepts all 200 of each category.
+    env = BfclEnv(category)
+    failed = [t for t in env.task_ids() if play(env, t, env.get_task(t).privileged["walkthrough"])[1] != 1.0]
+    assert failed == []
+
+
+def test_multi_turn_positional_arguments_are_dropped_as_bfcl_decoder_does():
+    # BFCL's ground truth for turn 3 is `sort('final_report.pdf')`; BFCL's prompting decoder keeps only
+    # keyword arguments, so a model that wrote that scores 0 in BFCL, and here.
+    env = BfclEnv("multi_turn_base")
+    walkthrough = env.get_task("multi_turn_base_0").privileged["walkthrough"]
+    assert walkthrough[4] == "[sort(file_name='final_report.pdf')]"
+    positional = walkthrough[:4] + ["[sort('final_report.pdf')]"] + walkthrough[5:]
+    obs, reward, done, infos = play(env, "multi_turn_base_0", positional)
+    assert infos[4]["error"].kind == "tool_error" and "Positional arguments were not passed to sort" in infos[4]["error"].message
+    assert done and reward == 0.0
+    assert play(env, "multi_turn_base_0", walkthrough)[1] == 1.0

@@ -282,6 +282,47 @@ def render_gold(possible_answer: list[dict], language: str = "python", docs: lis
     return "[" + ", ".join(parts) + "]"
 
 
-def render_turn_calls(calls: list[str]) -> str:
-    """A multi-turn ground-truth turn (BFCL gives call strings) as one agent message."""
+@lru_cache(maxsize=None)
+def backend_parameters(class_names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """Parameter names, in order, of every public method of BFCL's backend classes (a later class wins a
+    name clash, as in BFCL's executor)."""
+    import importlib
+    import inspect
+
+    bfcl()
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    out: dict[str, tuple[str, ...]] = {}
+    for class_name in class_names:
+        cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
+        for name, func in inspect.getmembers(cls, predicate=inspect.isfunction):
+            if not name.startswith("_"):
+                out[name] = tuple(p for p in inspect.signature(func).parameters if p != "self")
+    return out
+
+
+def keyword_call(source: str, parameters: dict[str, tuple[str, ...]]) -> str:
+    """A ground-truth call string with its positional arguments written as name=value.
+
+    WHY: BFCL's ground truth writes some arguments positionally (`sort('final_report.pdf')`), but BFCL's
+    prompting decoder keeps keyword arguments only, so a model that answered that way would lose them;
+    the walkthrough is what a model should write."""
+    from environments.bfcl.calls import parse_calls
+
+    parsed = parse_calls(source)
+    if not parsed.calls or len(parsed.calls) != 1 or not parsed.calls[0].args:
+        return source
+    call = parsed.calls[0]
+    names = parameters.get(call.name, ())
+    if len(names) < len(call.args):
+        raise ValueError(f"BFCL ground truth {source!r}: more positional arguments than {call.name} has")
+    kwargs = dict(zip(names, call.args)) | dict(call.kwargs)
+    return f"{call.name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+
+
+def render_turn_calls(calls: list[str], parameters: dict[str, tuple[str, ...]] | None = None) -> str:
+    """A multi-turn ground-truth turn (BFCL gives call strings) as one agent message, keyword arguments
+    only when the backends' `parameters` are given."""
+    if parameters is not None:
+        calls = [keyword_call(c, parameters) for c in calls]
     return "[" + ", ".join(calls) + "]"

@@ -28,7 +28,9 @@ from agentgym_opd.core import StepOutcome, TextEnv, UnknownTaskError
 from agentgym_opd.types import StepError, Task
 from environments.bfcl._bfcl import CHECKER_MODEL_NAME, ast_parse_foreign, bfcl
 from environments.bfcl.calls import Call, is_answer_object, looks_like_calls, parse_calls, Parsed
+from environments.bfcl.executor import InvalidCall
 from environments.bfcl.data import (
+    backend_parameters,
     category_kind,
     checker_docs,
     language_of,
@@ -125,10 +127,11 @@ class BfclEnv(TextEnv):
         elif self.kind == "relevance" and "irrelevance" in self.category:
             privileged["walkthrough"] = ["None of the provided functions can be used for this request."]
         elif self.kind == "multi_turn":
-            privileged["solution"] = "\n".join(render_turn_calls(turn) for turn in answer)
+            parameters = backend_parameters(tuple(entry["involved_classes"]))
+            privileged["solution"] = "\n".join(render_turn_calls(turn, parameters) for turn in answer)
             walkthrough = []
             for turn in answer:
-                walkthrough += [render_turn_calls(turn), END_OF_TURN_MESSAGE] if turn else [
+                walkthrough += [render_turn_calls(turn, parameters), END_OF_TURN_MESSAGE] if turn else [
                     "I cannot complete this request with the information and functions I have."]
             privileged["walkthrough"] = walkthrough
         elif self.kind == "agentic":
@@ -274,12 +277,21 @@ class BfclEnv(TextEnv):
             message = (f"Unknown function(s) {', '.join(map(repr, unknown))}; nothing was executed. The available "
                        f"functions are: {', '.join(sorted(session.function_names()))}.")
             return StepOutcome(message, error=StepError("tool_error", message))
-        pairs = session.execute(parsed.calls)
+        try:
+            valid_calls = session.validate(parsed.calls)
+        except InvalidCall as exc:
+            message = f"{exc} Nothing was executed."
+            return StepOutcome(message, error=StepError("tool_error", message))
+        pairs = session.execute(valid_calls)
         lines = [f"{source} -> {result}" for source, result in pairs]
         failures = session.failures(pairs)
         if failures:  # add what the docs say about a failed call, beside the backend's own message
             failures += check_calls([c for c, (_, result) in zip(parsed.calls, pairs) if session.failed(result)],
                                     session.functions + session.held_out_docs(), allow_positional=True)
+        dropped = [c.name for c in valid_calls if c.dropped_positional]
+        if dropped:  # BFCL's decoder keeps keyword arguments only; so does this env, and says so
+            failures.append(f"Positional arguments were not passed to {', '.join(dropped)} (only name=value "
+                            "arguments are: BFCL's decoder drops positional ones); write each argument as name=value.")
         error = StepError("tool_error", " | ".join(failures)) if failures else None
         observation = "Execution results:\n" + "\n".join(lines)
         notice = session.pop_notice()

@@ -32,8 +32,7 @@ from typing import Any
 from environments.bfcl._bfcl import bfcl, forget_instances
 from environments.bfcl.calls import Call
 from environments.bfcl.data import entry_copy
-
-EXECUTION_ERROR_PREFIX = "Error during execution:"
+from environments.bfcl.executor import EXECUTION_ERROR_PREFIX, execute, method_table, validate, ValidCall
 
 
 def _is_failed_result(result: str) -> str | None:
@@ -74,7 +73,7 @@ class MultiTurnSession:
         self.verdict: dict | None = None
         # BFCL's executor caches instances in its module globals; free them however this session ends.
         self._release = weakref.finalize(self, forget_instances, self.name)
-        self._execute([])  # instantiate the backends with the task's initial config
+        self._instantiate()
 
     # ------------------------------------------------------------------ turns
     @property
@@ -111,9 +110,10 @@ class MultiTurnSession:
         return self.user_message()
 
     # ------------------------------------------------------------------ calls
-    def _execute(self, sources: list[str]) -> list[str]:
-        results, self.instances = bfcl().execute_multi_turn_func_call(
-            sources,
+    def _instantiate(self) -> None:
+        """The task's backend instances, made by BFCL's own code (an empty call list: nothing is evaluated)."""
+        _, self.instances = bfcl().execute_multi_turn_func_call(
+            [],
             self.entry.get("initial_config", {}),
             self.entry["involved_classes"],
             self.name,
@@ -121,15 +121,20 @@ class MultiTurnSession:
             long_context=self.long_context,
             is_evaL_run=False,
         )
-        return results
+        self._methods = method_table(self.instances)
 
     def unknown_calls(self, calls: list[Call]) -> list[str]:
         return [c.name for c in calls if c.name not in self.callable_names]
 
-    def execute(self, calls: list[Call]) -> list[tuple[str, str]]:
-        """Run one step's calls for real; returns (call source, result) pairs."""
-        sources = [c.to_source() for c in calls]
-        results = self._execute(sources)
+    @staticmethod
+    def validate(calls: list[Call]) -> list[ValidCall]:
+        """Each call reduced to BFCL's decoded form; raises `executor.InvalidCall` (nothing runs)."""
+        return [validate(c) for c in calls]
+
+    def execute(self, calls: list[ValidCall]) -> list[tuple[str, str]]:
+        """Run one step's validated calls for real, by method lookup; returns (call source, result) pairs."""
+        sources = [c.source() for c in calls]
+        results = [execute(c, self._methods) for c in calls]
         self.record[-1].append(sources)
         self.steps_in_turn += 1
         limit = bfcl().default_prompts.MAXIMUM_STEP_LIMIT
