@@ -240,20 +240,26 @@ def _foreign_literal(value: Any) -> str:
 _JAVA_EXPRESSION = re.compile(r"[A-Za-z_$][\w$.]*(\(.*\))?|-?\d+(\.\d+)?[LlFfDd]?")
 
 
-def _java_element(value: Any) -> str:
+def _java_element(value: Any, java_type: str = "") -> str:
+    """One element of an array or map, spelled for its documented element type (`items.type`): BFCL's
+    converter reads a `long` element only with its `L` suffix and a `float` one only with `f`."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value)
+    if java_type == "long" and isinstance(value, int):
+        return f"{value}L"
+    if java_type == "float" and isinstance(value, (int, float)):
+        return f"{float(value)!r}f"
     return repr(value)
 
 
-def _java_literal(value: Any, java_type: str) -> str:
+def _java_literal(value: Any, java_type: str, item_type: str = "") -> str:
     """Java source for a value of a documented Java type, in the forms BFCL's Java type converter reads."""
     if java_type == "long" and isinstance(value, int) and not isinstance(value, bool):
         return f"{value}L"
     if java_type in ("Array", "ArrayList") and isinstance(value, list):
-        items = ", ".join(_java_element(v) for v in value)
+        items = ", ".join(_java_element(v, item_type) for v in value)
         return f"new Object[]{{{items}}}" if java_type == "Array" else f"new ArrayList<>(Arrays.asList({items}))"
     if java_type in ("HashMap", "Hashtable") and isinstance(value, dict):
         puts = " ".join(f"put({_java_element(k)}, {_java_element(v)});" for k, v in value.items())
@@ -270,12 +276,16 @@ def render_gold(possible_answer: list[dict], language: str = "python", docs: lis
     checker sees them) to spell longs, arrays and maps; without them values are rendered as JavaScript."""
     types = {d["name"]: {p: (spec or {}).get("type", "") for p, spec in d.get("parameters", {}).get("properties", {}).items()}
              for d in docs or []}
+    item_types = {d["name"]: {p: ((spec or {}).get("items") or {}).get("type", "")
+                              for p, spec in d.get("parameters", {}).get("properties", {}).items()}
+                  for d in docs or []}
     parts = []
     for name, params in gold_calls(possible_answer):
         if language == "python":
             args = ", ".join(f"{k}={v!r}" for k, v in params.items())
         elif language == "java" and name in types:
-            args = ", ".join(f"{k}={_java_literal(v, types[name].get(k, ''))}" for k, v in params.items())
+            args = ", ".join(f"{k}={_java_literal(v, types[name].get(k, ''), item_types[name].get(k, ''))}"
+                             for k, v in params.items())
         else:
             args = ", ".join(f"{k}={_foreign_literal(v)}" for k, v in params.items())
         parts.append(f"{name}({args})")
@@ -326,3 +336,38 @@ def render_turn_calls(calls: list[str], parameters: dict[str, tuple[str, ...]] |
     if parameters is not None:
         calls = [keyword_call(c, parameters) for c in calls]
     return "[" + ", ".join(calls) + "]"
+
+
+# ----------------------------------------------------------------------- live_relevance demonstration
+_PLACEHOLDERS = {"string": None, "integer": 1, "float": 1.0, "number": 1.0, "boolean": True,
+                 "array": [], "list": [], "tuple": [], "dict": {}, "object": {}}
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]{3,}", text.lower()))
+
+
+def relevance_walkthrough(entry: dict) -> str:
+    """A call for a `live_relevance` task: an oracle demonstration, not BFCL data.
+
+    BFCL ships no possible answer for live_relevance; its rule scores a reply correct when it decodes to at
+    least one call. The demonstration calls the documented function whose name and description share the
+    most words with the user's request, with each required parameter set to its first enum value, its
+    default, the request text (strings) or a small value of its type."""
+    request = " ".join(m["content"] for turn in entry["question"] for m in turn if m.get("role") == "user")
+    asked = _words(request)
+    doc = max(entry["function"], key=lambda d: len(asked & _words(d["name"].replace("_", " ").replace(".", " ")
+                                                              + " " + d.get("description", ""))))
+    params = doc.get("parameters", {}) or {}
+    props = params.get("properties", {}) or {}
+    args = {}
+    for name in params.get("required", []) or []:
+        spec = props.get(name) or {}
+        if spec.get("enum"):
+            args[name] = spec["enum"][0]
+        elif "default" in spec:
+            args[name] = spec["default"]
+        else:
+            placeholder = _PLACEHOLDERS.get(spec.get("type"), request[:200])
+            args[name] = request[:200] if placeholder is None else placeholder
+    return f"[{doc['name']}({', '.join(f'{k}={v!r}' for k, v in args.items())})]"

@@ -36,6 +36,7 @@ from environments.bfcl.data import (
     language_of,
     load_category,
     MEMORY_CATEGORIES,
+    relevance_walkthrough,
     memory_prereqs,
     memory_walkthrough,
     render_gold,
@@ -126,6 +127,8 @@ class BfclEnv(TextEnv):
             privileged["walkthrough"] = [privileged["solution"]]
         elif self.kind == "relevance" and "irrelevance" in self.category:
             privileged["walkthrough"] = ["None of the provided functions can be used for this request."]
+        elif self.kind == "relevance":  # live_relevance: any call scores (BFCL's rule); see relevance_walkthrough
+            privileged["walkthrough"] = [relevance_walkthrough(entry)]
         elif self.kind == "multi_turn":
             parameters = backend_parameters(tuple(entry["involved_classes"]))
             privileged["solution"] = "\n".join(render_turn_calls(turn, parameters) for turn in answer)
@@ -225,6 +228,10 @@ class BfclEnv(TextEnv):
         entry = self._entries[self.task.id]
         decoded, calls, text, parse_error = self._decode(action)
         last_try = self.turn >= self.max_turns  # the final allowed answer ends the task: terminated, not a time-out
+        if parse_error and self.kind == "relevance":
+            # BFCL's relevance rule: output its decoder cannot read as calls (`[None]`, `Sorry (none apply).`)
+            # is no call, i.e. an abstention, not a malformed answer
+            decoded, parse_error = None, None
         if parse_error:
             return StepOutcome(parse_error + " " + FORMAT_HINT, error=StepError("parse_error", parse_error),
                                terminated=last_try, feedback=f"No valid answer: {parse_error}" if last_try else "")
