@@ -489,3 +489,81 @@ def test_live_relevance_walkthrough_is_a_call_bfcl_counts():
     fn = env.get_task(env.task_ids()[0]).metadata["functions"][0]
     _, reward, done, infos = play(env, env.task_ids()[0], [f"[{fn}(x=1)]"])  # any call counts, as in BFCL
     assert reward == 1.0
+
+
+# ----------------------------------------------------------------------------- BFCL's prompt and decoder
+def _as_model_would_write(solution: str, form: str) -> tuple[str, str]:
+    """(reply, finish_reason): a gold answer the way a prompted model emits it."""
+    calls = parse_calls(solution).calls
+    if form == "python_fenced_multiline":
+        return "```python\n[\n" + ",\n".join("    " + c.to_source() for c in calls) + "\n]\n```", "stop"
+    if form == "json_fenced_multiline":  # BFCL's JSON output format: {"function": ..., "parameters": ...}
+        body = json.dumps([{"function": c.name, "parameters": c.kwargs} for c in calls], indent=2)
+        return f"Here are the calls:\n```json\n{body}\n```", "stop"
+    if form == "cut_at_token_limit":  # the calls, then an explanation cut mid-word by max_new_tokens
+        return solution + "\n\nThese calls answer the question because the first one comp", "length"
+    raise ValueError(form)
+
+
+@pytest.mark.parametrize("form", ["python_fenced_multiline", "json_fenced_multiline", "cut_at_token_limit"])
+@pytest.mark.parametrize("category", ["simple_python", "multiple", "parallel", "parallel_multiple", "live_simple",
+                                      "live_multiple", "live_parallel", "live_parallel_multiple"])
+def test_gold_answers_written_as_a_model_would_score_through_parse_reply(category, form):
+    from environments.bfcl.protocol import parse_reply
+
+    env = BfclEnv(category)
+    failed = set()
+    for task_id in env.task_ids():
+        _, info = env.reset(options={"task_id": task_id})
+        reply, finish_reason = _as_model_would_write(info["task"].privileged["solution"], form)
+        action, error = parse_reply(reply, finish_reason)
+        assert error is None, (task_id, reply)
+        if env.step(action)[1] != 1.0:
+            failed.add(task_id)
+    assert failed == KNOWN_BAD_GOLD.get(category, set())
+
+
+def test_multi_turn_walkthroughs_fenced_and_multi_line_score_through_parse_reply():
+    from environments.bfcl.protocol import parse_reply
+
+    env = BfclEnv("multi_turn_base")
+    for task_id in env.task_ids():
+        replies = []
+        for step in env.get_task(task_id).privileged["walkthrough"]:
+            calls = parse_calls(step).calls
+            replies.append("```\n[\n" + ",\n".join(c.to_source() for c in calls) + "\n]\n```" if calls else step)
+        actions = [parse_reply(r, "stop")[0] for r in replies]
+        assert play(env, task_id, actions)[1] == 1.0, task_id
+
+
+@pytest.mark.parametrize("reply, finish_reason", [
+    ("None of the provided functions can be used for this request.", "stop"),
+    ("[None]", "stop"), ("Sorry (none apply).", "stop"),
+    ("I cannot answer this with the functions I have, because none of them is about the weath", "length"),
+])
+def test_abstentions_score_on_irrelevance_through_parse_reply(reply, finish_reason):
+    from environments.bfcl.protocol import parse_reply
+
+    action, error = parse_reply(reply, finish_reason)
+    assert error is None
+    assert play(BfclEnv("irrelevance"), "irrelevance_0", [action])[1] == 1.0
+
+
+@pytest.mark.parametrize("reply", ["[calculate_triangle_area(base=10, hei", "```python\n[calculate_triangle_area(base=1",
+                                   "[" * 3000, '{"function": "f", "parameters": {"a": ' + "1" * 5000])
+def test_a_reply_cut_inside_its_calls_is_a_parse_error(reply):
+    from environments.bfcl.protocol import parse_reply
+
+    action, error = parse_reply(reply, "length")
+    assert action is None and error.kind == "parse_error" and "token limit" in error.message
+
+
+def test_system_prompt_is_bfcl_default_format():
+    from bfcl_eval.constants.default_prompts import OUTPUT_FORMAT_MAPPING, PROMPT_STYLE_TEMPLATES
+
+    from environments.bfcl.protocol import SYSTEM_PROMPT
+
+    assert OUTPUT_FORMAT_MAPPING["python"] in SYSTEM_PROMPT
+    for part in ("persona", "task", "multiturn_behavior"):
+        assert PROMPT_STYLE_TEMPLATES["classic"][part] in SYSTEM_PROMPT
+    assert "{" not in SYSTEM_PROMPT and "listed in JSON format in the user's message" in SYSTEM_PROMPT
