@@ -152,3 +152,23 @@ def test_hostile_text_through_a_vector_of_real_envs(shared_data):
     results = vec.step([HOSTILE_TEXTS["deep_arguments_string"]] * len(envs))
     assert all(r.info["error"].kind == "parse_error" for r in results)
 
+
+
+class AlwaysFailingEnv(CounterEnv):
+    def _act(self, action):
+        raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
+
+
+def test_rollout_engine_keeps_the_other_episodes_when_one_env_raises():
+    """The rollout engine steps through `VectorTextEnv`: a raising env ends its episode as env_crash."""
+    from agentgym_opd.policy.base import SamplingParams
+    from agentgym_opd.policy.hf import HFPolicy
+    from agentgym_opd.policy.tiny import default_tiny_model
+    from agentgym_opd.rollout import RolloutEngine
+
+    engine = RolloutEngine(HFPolicy.from_pretrained(default_tiny_model()), SamplingParams(max_new_tokens=4, seed=0),
+                           max_context_tokens=1024, action_parser=lambda text, finish_reason: ("inc", None))
+    batch = engine.collect([CounterEnv(), AlwaysFailingEnv(), CounterEnv()], tasks=["counter/train/1"], group_size=3)
+    healthy, crashed, other = batch.episodes
+    assert crashed.num_turns == 1 and crashed.turns[0].error.kind == "env_crash" and crashed.turns[0].truncated
+    assert healthy.success and other.success and healthy.num_turns == other.num_turns == 2

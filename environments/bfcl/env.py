@@ -7,6 +7,10 @@
   judges them against the possible answers; the episode ends with reward 1.0 when it says valid. A message
   that cannot be parsed is a `parse_error` and, where `max_turns` allows (default 1, BFCL's single shot),
   the agent may answer again; the last allowed answer ends the episode (terminated, score 0 if unparsable). Calls that are not callable as documented also carry a `tool_error`.
+* Relevance categories follow BFCL's rule: a reply counts as a call when it decodes to at least one
+  call; anything else, undecodable output like `[None]` or `Sorry (none apply).` included, is an
+  abstention (right on `irrelevance`/`live_irrelevance`, wrong on `live_relevance`), never a parse error.
+  BFCL ships no answer for `live_relevance`; its walkthrough is a demonstration call (`data.py`).
 * Multi-turn and agentic categories: see `multi_turn.py` for the turn mapping. An agentic final answer
   in BFCL's required format (`{'answer': ..., 'context': ...}`, a dict literal or JSON) is the final text,
   not a malformed call.

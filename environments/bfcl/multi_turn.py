@@ -3,9 +3,10 @@
 Turn mapping (WHY: one env step must be one agent message, the turn boundary turn-level methods use):
 
 * The task's user turns are BFCL's `question` list. The first observation shows user turn 0.
-* Each agent message with calls is one BFCL *step*: the calls run for real through BFCL's
-  `execute_multi_turn_func_call` against the task's backend instances (`GorillaFileSystem`, `MathAPI`,
-  `TwitterAPI`, ...; loaded with the task's `initial_config`), and the results are the observation.
+* Each agent message with calls is one BFCL *step*: the calls run for real against the task's backend
+  instances (`GorillaFileSystem`, `MathAPI`, `TwitterAPI`, ...; made by BFCL's own code with the task's
+  `initial_config`), by method lookup with validated keyword arguments (`executor.py`: BFCL's executor
+  `eval`s source text, which agent text must never reach), and the results are the observation.
 * An agent message with no calls (prose, or `[]`) ends the user turn, exactly as a non-call reply ends a
   turn in BFCL's prompting inference loop; the next user turn is shown. After the last user turn the
   episode ends and BFCL's `multi_turn_checker` replays the recorded calls on fresh instances and
@@ -18,8 +19,10 @@ Turn mapping (WHY: one env step must be one agent message, the turn boundary tur
 
 Differences from BFCL's loop, chosen for a training signal: a message that tries to call but cannot be
 parsed is a `parse_error` and does not end the user turn (BFCL ends it); a call of a function not offered
-of none of the involved classes is refused with a `tool_error` before execution (BFCL would `eval` any
-name, which we do not allow; a held-out function is callable, as in BFCL, though not yet documented); the other calls of such a message are not run either, so the replayed record equals what ran.
+of none of the involved classes, or with an argument name that is not an identifier, is refused with a
+`tool_error` before execution (a held-out function is callable, as in BFCL, though not yet documented);
+the other calls of such a message are not run either, so the replayed record equals what ran.
+Positional arguments are dropped, as BFCL's decoder drops them, and the step says so (`tool_error`).
 """
 
 from __future__ import annotations
