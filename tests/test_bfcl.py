@@ -567,3 +567,12 @@ def test_system_prompt_is_bfcl_default_format():
     for part in ("persona", "task", "multiturn_behavior"):
         assert PROMPT_STYLE_TEMPLATES["classic"][part] in SYSTEM_PROMPT
     assert "{" not in SYSTEM_PROMPT and "listed in JSON format in the user's message" in SYSTEM_PROMPT
+
+
+def test_multi_turn_keyword_outside_the_signature_gives_python_error_and_runs_nothing():
+    env = BfclEnv("multi_turn_base")
+    env.reset(options={"task_id": "multi_turn_base_0"})
+    obs = env.step("[mkdir(dir_name='fresh', mode=1)]")[0]
+    assert "GorillaFileSystem.mkdir() got an unexpected keyword argument 'mode'" in obs
+    assert "fresh" not in env.step("[ls()]")[0]  # the method body never ran
+    assert "fresh" in env.step("[mkdir(dir_name='fresh'), ls()]")[0]
