@@ -576,3 +576,23 @@ def test_multi_turn_keyword_outside_the_signature_gives_python_error_and_runs_no
     assert "GorillaFileSystem.mkdir() got an unexpected keyword argument 'mode'" in obs
     assert "fresh" not in env.step("[ls()]")[0]  # the method body never ran
     assert "fresh" in env.step("[mkdir(dir_name='fresh'), ls()]")[0]
+
+
+@pytest.mark.parametrize("category, language", [("simple_java", "java"), ("simple_javascript", "javascript")])
+def test_java_and_javascript_gold_fenced_or_cut_score_through_parse_reply(category, language):
+    from environments.bfcl.protocol import parse_reply
+
+    env = BfclEnv(category)
+    unreachable = set(JAVA_UNREACHABLE_GOLD) if language == "java" else set()
+    for form in ("fenced", "cut_at_token_limit"):
+        failed = set()
+        for task_id in env.task_ids():
+            _, info = env.reset(options={"task_id": task_id})
+            solution = info["task"].privileged["solution"]
+            reply, finish_reason = ((f"```{language}\n{solution}\n```", "stop") if form == "fenced"
+                                    else (solution + "\n\nThis call updates the rec", "length"))
+            action, error = parse_reply(reply, finish_reason)
+            assert error is None, (task_id, form)
+            if env.step(action)[1] != 1.0:
+                failed.add(task_id)
+        assert failed == unreachable, form

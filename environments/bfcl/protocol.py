@@ -16,7 +16,8 @@ models write around calls in practice:
 * a fenced block (```python / ```json / bare ```), alone or after a sentence: its content is the action;
 * multi-line calls or JSON (kept whole; only the first line is never taken alone);
 * a reply cut at the token limit (`finish_reason == "length"`): its leading complete call list (or the
-  whole reply, or a closed fenced block) when one parses; a cut reply that starts a call but holds no
+  whole reply, or a closed fenced block) when one parses (for Java / JavaScript answers: a closed
+  `[name(...)]` list, left to the env's decoder for that language); a cut reply that starts a call but holds no
   complete one is a `parse_error`; a cut reply of prose is prose (it ends the turn, as in BFCL);
 * a leading `<think>...</think>` block of a reasoning model is dropped.
 
@@ -64,10 +65,17 @@ def _strip_like_bfcl(text: str) -> str:
     return text.strip("`\n ")
 
 
-def _parses(candidate: str) -> bool:
-    """A complete answer: calls (possibly `[]`) that the env's parser reads, or BFCL's agentic answer."""
+_CALL_LIST = re.compile(r"^\[\s*[A-Za-z_$][\w$.]*\s*\(")  # `[name(`: a call list in any language's syntax
+
+
+def _parses(candidate: str, *, closed: bool = False) -> bool:
+    """A complete answer: calls (possibly `[]`) that the env's Python-syntax parser reads, BFCL's agentic
+    answer, or (`closed`: a bracket expression known to be closed) a call list in another language's
+    syntax (Java, JavaScript), which the env decodes with BFCL's decoder for that language."""
     parsed = parse_calls(candidate)
-    return (parsed.error is None and parsed.calls is not None) or is_answer_object(candidate)
+    if (parsed.error is None and parsed.calls is not None) or is_answer_object(candidate):
+        return True
+    return closed and bool(_CALL_LIST.match(candidate))
 
 
 def _leading_balanced(text: str) -> str | None:
@@ -121,9 +129,11 @@ def parse_reply(text: str, finish_reason: str = "stop") -> tuple[str | None, Ste
         return body, None
     # Cut at the token limit: use the reply only where a complete answer is there.
     start = _strip_like_bfcl(_after_open_fence(text))
-    for candidate in (body, _leading_balanced(start)):
-        if candidate and _parses(candidate):
-            return candidate, None
+    if _parses(body):
+        return body, None
+    leading = _leading_balanced(start)
+    if leading and _parses(leading, closed=True):
+        return leading, None
     if "```" not in text and not _STARTS_A_CALL.match(start):
         return body, None  # prose that ran long is still prose (it ends the turn, or abstains)
     return None, StepError("parse_error", "The reply was cut off at the token limit before its function calls "
