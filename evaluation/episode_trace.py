@@ -200,6 +200,20 @@ def capture_traces(algorithm: Any, batch: Any, limit: int = 3) -> list[dict[str,
                           turn_weights=weights[r], turn_labels=labels[r], signal=signal) for r in range(n)]
 
 
+def capture_eval_traces(algorithm: Any, engine: Any, env_id: str, task_ids: Sequence[str], *, seed: int = 0,
+                        limit: int = 3, **env_kwargs: Any) -> list[dict[str, Any]]:
+    """The hook for a trainer or the bench: play the first ``limit`` evaluation tasks with ``engine``
+    (the trainer's greedy evaluation engine) and trace them with the live ``algorithm`` (its teacher,
+    its self-teacher state, its turn weights, exactly as the loss would see these episodes)."""
+    from agentgym_opd.registry import make
+
+    chosen = list(task_ids)[:limit]
+    if not chosen:
+        return []
+    batch = engine.collect([make(env_id, **env_kwargs) for _ in chosen], chosen, seed=seed)
+    return capture_traces(algorithm, batch, limit)
+
+
 def error_breakdown(record: dict[str, Any]) -> dict[str, float]:
     """The record's per-error-kind rates (share of turns), every kind present, 0.0 where the env had none."""
     metrics = record.get("metrics", {})

@@ -16,8 +16,9 @@ x teacher x protocol over seeds, and renders
 Aggregating over seeds: with one record a cell shows that record's mean and its own standard error
 (over episodes); with k >= 2 seed records it shows the mean of the seed means and the standard error of
 that mean across seeds (std/sqrt(k)). The 95% interval is mean +- q * se with q the Student-t quantile
-for k - 1 degrees of freedom across seeds (4.30 for 3 seeds), 1.96 for one record (episodes), and a rate's
-interval is clipped to [0, 1].
+for k - 1 degrees of freedom across seeds (4.30 for 3 seeds); for one record it is Wilson's score interval
+for the success rate (over its episodes) and mean +- 1.96 se for other metrics; a rate's interval is
+clipped to [0, 1]. A column's best value is marked only where the column's values differ.
 
 Every text cell is escaped for its format (Markdown: HTML and table syntax; CSV: formula prefixes; HTML:
 entities), because names and episode texts come from third parties and agents.
@@ -44,14 +45,17 @@ HEADLINE_METRICS = {"searchqa": "em", "code": "pass@1"}
 SPLIT_ORDER = ("valid_unseen", "unseen", "test", "valid_seen", "seen", "valid", "dev", "train")
 # the protocol entries two rows must share to be compared as equals
 COMPARED_PROTOCOL = ("temperature", "samples", "max_new_tokens", "max_turns", "action_parser")
+# per-episode 0/1 outcomes: one record's interval is Wilson's (over its episodes)
+BINARY_METRICS = frozenset({"success_rate"})
 # Student-t 0.975 quantiles, by degrees of freedom (1-30); beyond: the normal 1.96
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
 def identity(record: dict[str, Any]) -> tuple:
-    """What makes two records the same run: the identity fields plus the evaluation protocol."""
-    return (*(record[f] for f in IDENTITY_FIELDS), protocol_label(record))
+    """What makes two records the same run: the identity fields, the evaluation protocol, and whether it is
+    the original or a reproduction (a rerun is published beside the original, never pooled with it)."""
+    return (*(record[f] for f in IDENTITY_FIELDS), protocol_label(record), record.get("origin", "original"))
 
 
 def quantile95(n_seeds: int) -> float:
@@ -59,6 +63,16 @@ def quantile95(n_seeds: int) -> float:
         return 1.96
     df = n_seeds - 1
     return T975[df - 1] if df <= len(T975) else 1.96
+
+
+def wilson_interval(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson's 95% score interval of a success share ``p`` over ``n`` episodes: unlike mean +- 1.96 se it
+    does not collapse to a point at 0 or 1, which small evaluations hit all the time."""
+    if n <= 0:
+        return 0.0, 1.0
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def effective_protocol(record: dict[str, Any]) -> dict[str, Any]:
@@ -110,13 +124,15 @@ class Row:
 
     @property
     def method_key(self) -> tuple:
-        return (self.algorithm, self.student, self.teacher, self.protocol)
+        return (self.algorithm, self.student, self.teacher, self.protocol, tuple(sorted(set(self.origins))))
 
     def interval(self, metric: str) -> tuple[float, float, float] | None:
         """(mean, low, high) of the 95% interval; None if the row lacks the metric."""
         if metric not in self.metrics:
             return None
         mean, se = self.metrics[metric]
+        if len(self.seeds) == 1 and metric in BINARY_METRICS:
+            return (mean, *wilson_interval(mean, self.n_episodes))
         half = quantile95(len(self.seeds)) * se
         low, high = mean - half, mean + half
         if is_rate(metric):
@@ -249,10 +265,10 @@ class Leaderboard:
     def rows(records: list[dict[str, Any]]) -> list[Row]:
         groups: dict[tuple, list[dict[str, Any]]] = {}
         for r in records:
-            groups.setdefault((r["env_id"], r["split"], r["algorithm"], r["student"], r["teacher"], protocol_label(r)),
-                              []).append(r)
+            groups.setdefault((r["env_id"], r["split"], r["algorithm"], r["student"], r["teacher"], protocol_label(r),
+                               r.get("origin", "original")), []).append(r)
         rows = []
-        for (env_id, split, algo, student, teacher, protocol), recs in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        for (env_id, split, algo, student, teacher, protocol, _origin), recs in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
             recs = sorted(recs, key=lambda r: r["seed"])
             row = Row(env_id, split, algo, student, teacher, [r["seed"] for r in recs], sum(r["n_episodes"] for r in recs),
                       protocol=protocol, protocol_short=protocol_label(recs[0], short=True),
@@ -282,15 +298,13 @@ class Leaderboard:
 
     @staticmethod
     def best(rows: list[Row], metric: str) -> dict[str, float]:
-        """Best value of `metric` per env split (rows compete only within the same env split)."""
-        best: dict[str, float] = {}
+        """Best value of `metric` per env split (rows compete only within the same env split); a split
+        where every row has the same value has no best (nothing to highlight when all are 0.000)."""
+        values: dict[str, list[float]] = {}
         for row in rows:
             if metric in row.metrics:
-                value = row.metrics[metric][0]
-                key = f"{row.env_id}|{row.split}"
-                if key not in best or (value < best[key] if lower_is_better(metric) else value > best[key]):
-                    best[key] = value
-        return best
+                values.setdefault(f"{row.env_id}|{row.split}", []).append(row.metrics[metric][0])
+        return {key: (min(v) if lower_is_better(metric) else max(v)) for key, v in values.items() if len(set(v)) > 1}
 
     @staticmethod
     def primary_metric(family: str, rows: list[Row]) -> str:

@@ -40,6 +40,8 @@ td.best { background: #e8f5e9; font-weight: 600; }
 figure { display: inline-block; margin: 0 1rem 1rem 0; vertical-align: top; } figcaption { font-size: .8rem; color: #555; max-width: 36rem; }
 figure svg { max-width: 620px; height: auto; }
 .err td { font-size: .78rem; }
+table.turns { width: 100%; } table.turns th { text-align: left; } td.action { min-width: 22rem; }
+td.obs { max-width: 30rem; } span.tok { white-space: pre-wrap; }
 """
 
 SCRIPT = """
@@ -148,7 +150,8 @@ def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
     body = ["<h1>agentgym-opd leaderboard</h1>",
             '<p class="note">Per env family, methods ranked by the primary metric on the held-out split (first '
             "column). Cells: mean <span class=\"ci\">[95% interval]</span>: across seeds a Student-t interval of "
-            "the seed means, for one record a normal interval over episodes. Highlighted: best in the column. "
+            "the seed means; for one record Wilson's interval over its episodes. Highlighted: best in the column "
+            "(where the column's values differ). "
             "&#x2731; marks a row evaluated under another protocol than the bench's. Click a header to sort.</p>"]
     tables = board.family_tables(rows)
     for i, table in enumerate(tables):
