@@ -1,4 +1,4 @@
-"""`agentgym-opd leaderboard [--root DIR] add RECORD... | build [--check] | reproduce RECORD | import-bench OUT_DIR`.
+"""`agentgym-opd leaderboard [--root DIR] add RECORD... | build [--check] | reproduce RECORD | stamp RECORD... | import-bench OUT_DIR`.
 
 Exit codes: 0 done; 1 ``build --check`` found the committed outputs stale, or ``reproduce`` got another
 number; 2 bad input (a record that does not validate, a duplicate, a file that is no record), with one
@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rep.add_argument("record", help="a record file (e.g. leaderboard/records/<id>.json)")
     rep.add_argument("--add", action="store_true", help="publish the rerun as a 'reproduced' record")
     rep.add_argument("--timeout", type=float, default=3600, help="seconds the rerun may take (default 3600)")
+    stamp = sub.add_parser("stamp", help="add provenance to records written by `agentgym-opd eval` (in place)")
+    stamp.add_argument("records", nargs="+")
+    stamp.add_argument("--command", required=True, help="the `agentgym-opd eval ...` command that wrote them, quoted")
     imp = sub.add_parser("import-bench", help="publish a finished bench's records with provenance and episodes")
     imp.add_argument("output_dir", help="the bench's --output-dir")
     imp.add_argument("--episodes", type=int, default=3, help="evaluation episodes kept per run, held-out split (default 3)")
@@ -43,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "reproduce":
             return _reproduce(board, args)
+        if args.action == "stamp":
+            return _stamp(board, args)
         if args.action == "import-bench":
             from evaluation.bench_import import import_bench
 
@@ -65,6 +70,21 @@ def run(args: argparse.Namespace) -> int:
     except RecordError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _stamp(board: Leaderboard, args: argparse.Namespace) -> int:
+    import shlex
+
+    from evaluation.provenance import stamp_eval_record
+    from evaluation.records import validate_record
+
+    command = shlex.split(args.command)
+    for path in args.records:
+        record = stamp_eval_record(board.read_record(path), command)
+        validate_record(record)
+        Path(path).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        print(f"stamped {path}")
     return 0
 
 

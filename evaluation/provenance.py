@@ -131,3 +131,52 @@ def check_provenance(value: Any) -> str | None:
     if not (isinstance(value["device"], str) and 0 < len(value["device"]) <= 64 and value["device"].isprintable()):
         return "'device' must be a short printable string"
     return None
+
+
+def stamp_eval_record(record: dict[str, Any], command: Sequence[str]) -> dict[str, Any]:
+    """Fill ``provenance`` (and ``origin``) of a record written by ``command`` = ``agentgym-opd eval ...``.
+
+    The command is parsed with eval's own parser and the evaluated tasks, the model's weights and its chat
+    template are hashed from what that command evaluates. ``agentgym-opd eval`` can call this on each
+    record it writes (``stamp_eval_record(record, command_line())``); ``agentgym-opd leaderboard stamp``
+    does it afterwards for records made without it.
+    """
+    import argparse
+
+    from agentgym_opd.config import parse_key_values
+    from agentgym_opd.registry import make
+    from evaluation import eval_command
+    from evaluation.records import RecordError
+    from evaluation.runner import SCRIPTED_AGENTS, select_tasks
+
+    command = list(command)
+    if command[:2] != ["agentgym-opd", "eval"]:
+        raise RecordError(f"stamp takes the `agentgym-opd eval ...` command that wrote the record, got {command[:2]!r}")
+    parser = argparse.ArgumentParser(prog="agentgym-opd eval", add_help=False)
+    eval_command.add_arguments(parser)
+    try:
+        args = parser.parse_args(command[2:])
+    except SystemExit as err:
+        raise RecordError(f"the command is not a valid `agentgym-opd eval` command: {' '.join(command)}") from err
+    if args.env != record["env_id"]:
+        raise RecordError(f"the command evaluates {args.env}, the record {record['env_id']}: not the command that wrote it")
+    env_kwargs = parse_key_values(args.env_arg, "--env-arg")
+    env = make(args.env, **env_kwargs)
+    try:
+        tasks = [env.get_task(t) for t in select_tasks(env.task_ids(), args.episodes)]
+    finally:
+        env.close()
+    policy = None
+    if args.policy not in SCRIPTED_AGENTS:
+        from evaluation.policy_eval import load_policy, resolve_policy
+
+        policy = load_policy(resolve_policy(args.policy), device="cpu", dtype=args.dtype)
+    seeds = args.seeds if args.seeds is not None else [args.seed if args.seed is not None else 0]
+    device = "cpu"
+    if args.device != "cpu" and policy is not None:
+        import torch
+
+        device = "cuda" if (args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())) else "cpu"
+    record["provenance"] = collect(tasks_sha=tasks_sha256(tasks), seeds=seeds, command=command, policy=policy, device=device)
+    record.setdefault("origin", "original")
+    return record

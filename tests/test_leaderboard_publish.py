@@ -14,7 +14,7 @@ import pytest
 
 import agentgym_opd
 from evaluation.leaderboard import Leaderboard
-from evaluation.provenance import collect, env_tasks_sha256, tasks_sha256, weights_sha256
+from evaluation.provenance import env_tasks_sha256, tasks_sha256, weights_sha256
 from evaluation.records import RecordError, validate_record
 from test_leaderboard import make_record
 
@@ -138,21 +138,24 @@ def test_a_plugin_methods_record_is_accepted_and_a_different_protocol_is_marked(
 
 
 def eval_record(tmp_path: Path, command_tail: list[str]) -> dict:
+    """A record written by `agentgym-opd eval`, then stamped with its provenance by `leaderboard stamp`."""
     out = tmp_path / "rec.json"
-    argv = ["eval", *command_tail, "--out", str(out), "--no-progress"]
-    proc = subprocess.run(CLI + argv, capture_output=True, text=True, cwd=tmp_path)
+    proc = subprocess.run(CLI + ["eval", *command_tail, "--out", str(out), "--no-progress"], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    record = json.loads(out.read_text())
-    env = agentgym_opd.make("household/valid_seen")
-    from evaluation.runner import select_tasks
-
-    record["provenance"] = collect(tasks_sha=tasks_sha256([env.get_task(t) for t in select_tasks(env.task_ids(), 6)]),
-                                   seeds=[0], command=["agentgym-opd", "eval", *command_tail], device="cpu")
-    return validate_record(record)
+    command = " ".join(["agentgym-opd", "eval", *command_tail])
+    stamp = subprocess.run(CLI + ["leaderboard", "stamp", str(out), "--command", command], capture_output=True, text=True, cwd=tmp_path)
+    assert stamp.returncode == 0, stamp.stderr
+    record = validate_record(json.loads(out.read_text()))
+    assert record["provenance"]["command"] == command.split() and record["origin"] == "original"
+    return record
 
 
 def test_reproduce_reruns_a_cpu_record_and_gets_the_same_numbers(tmp_path):
     record = eval_record(tmp_path, ["--policy", "random", "--env", "household/valid_seen", "--episodes", "6"])
+    env = agentgym_opd.make("household/valid_seen")
+    from evaluation.runner import select_tasks
+
+    assert record["provenance"]["tasks_sha256"] == tasks_sha256([env.get_task(t) for t in select_tasks(env.task_ids(), 6)])
     path = tmp_path / "published.json"
     path.write_text(json.dumps(record))
     root = tmp_path / "lb"
@@ -200,3 +203,20 @@ def test_reproduce_one_committed_bench_record_gives_the_same_number(tmp_path):
                          capture_output=True, text=True, timeout=1500)
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     assert "same numbers" in out.stdout
+
+
+def test_stamp_hashes_the_evaluated_models_weights_and_chat_template(tmp_path):
+    from agentgym_opd.policy.hf import HFPolicy
+    from agentgym_opd.policy.tiny import default_tiny_model
+    from evaluation.provenance import chat_template_sha256
+
+    record = eval_record(tmp_path, ["--policy", "tiny", "--env", "household/valid_seen", "--episodes", "1",
+                                    "--max-new-tokens", "4", "--max-turns", "1", "--device", "cpu"])
+    tiny = HFPolicy.from_pretrained(default_tiny_model())
+    assert record["provenance"]["weights_sha256"] == weights_sha256(tiny)
+    assert record["provenance"]["chat_template_sha256"] == chat_template_sha256(tiny) is not None
+    assert record["provenance"]["device"] == "cpu" and record["provenance"]["seeds"] == [0]
+    wrong = subprocess.run(CLI + ["leaderboard", "stamp", str(tmp_path / "rec.json"), "--command",
+                                  "agentgym-opd eval --policy tiny --env household/valid_unseen"],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert wrong.returncode == 2 and "not the command that wrote it" in wrong.stderr
