@@ -22,6 +22,7 @@ import platform
 import re
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 PACKAGES = ("agentgym-opd", "torch", "transformers", "tokenizers", "numpy", "gymnasium", "peft", "accelerate")
@@ -133,6 +134,29 @@ def check_provenance(value: Any) -> str | None:
     return None
 
 
+def training_budget(checkpoint: Path) -> dict[str, Any] | None:
+    """What a trainer checkpoint (``<run>/checkpoints/step_N``) spent: rollout episodes (N steps x tasks per
+    step x group size, as the trainer collects them) and the agent tokens its ``metrics.jsonl`` logged up to
+    step N. None when the run's files are not there to say."""
+    from agentgym_opd.config import read_mapping
+    from agentgym_opd.trainer import algorithm_class
+
+    try:
+        step = int(checkpoint.name.split("_", 1)[1])
+        run = read_mapping(checkpoint / "config.yaml")
+        rollout = run.get("rollout") or {}
+        group = int(rollout.get("group_size", 1)) if algorithm_class(str(run["algorithm"])).needs_groups else 1
+        episodes = step * int(rollout["tasks_per_step"]) * group
+        metrics = checkpoint.parent.parent / "metrics.jsonl"
+        tokens = None
+        if metrics.is_file():
+            rows = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+            tokens = int(sum(float(r.get("agent_tokens", 0)) for r in rows if int(r.get("step", 0)) <= step))
+    except (Exception,):  # a foreign folder layout: no budget rather than a wrong one
+        return None
+    return {"rollout_episodes": episodes, "tokens": tokens}
+
+
 def stamp_eval_record(record: dict[str, Any], command: Sequence[str]) -> dict[str, Any]:
     """Fill ``provenance`` (and ``origin``) of a record written by ``command`` = ``agentgym-opd eval ...``.
 
@@ -170,7 +194,12 @@ def stamp_eval_record(record: dict[str, Any], command: Sequence[str]) -> dict[st
     if args.policy not in SCRIPTED_AGENTS:
         from evaluation.policy_eval import load_policy, resolve_policy
 
-        policy = load_policy(resolve_policy(args.policy), device="cpu", dtype=args.dtype)
+        source = resolve_policy(args.policy)
+        policy = load_policy(source, device="cpu", dtype=args.dtype)
+        if source.checkpoint is not None and "budget" not in record:
+            budget = training_budget(source.checkpoint)
+            if budget is not None:
+                record["budget"] = budget
     seeds = args.seeds if args.seeds is not None else [args.seed if args.seed is not None else 0]
     device = "cpu"
     if args.device != "cpu" and policy is not None:

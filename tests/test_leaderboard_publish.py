@@ -220,3 +220,60 @@ def test_stamp_hashes_the_evaluated_models_weights_and_chat_template(tmp_path):
                                   "agentgym-opd eval --policy tiny --env household/valid_unseen"],
                            capture_output=True, text=True, cwd=tmp_path)
     assert wrong.returncode == 2 and "not the command that wrote it" in wrong.stderr
+
+
+PLUGIN = '''"""MyOPD: OPD whose per-token signal is the Jensen-Shannon divergence (a third-party plugin method)."""
+from dataclasses import dataclass
+
+from agentgym_opd.config import constrained
+from algorithms.opd import OPD, OPDConfig
+
+
+@dataclass
+class MyOPDConfig(OPDConfig):
+    divergence: str = constrained("jsd", choices=("reverse_kl", "forward_kl", "jsd"), help="per-token divergence")
+
+
+class MyOPD(OPD):
+    Config = MyOPDConfig
+'''
+
+
+@pytest.mark.slow
+def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
+    """The README's "Publish a result", step by step: a plugin package (found through its entry point, as an
+    installed distribution is), train, eval, stamp, add next to the bench's rows, build, reproduce."""
+    import os
+
+    site = tmp_path / "site"
+    (site / "my_lab").mkdir(parents=True)
+    (site / "my_lab" / "__init__.py").write_text("")
+    (site / "my_lab" / "method.py").write_text(PLUGIN)
+    dist = site / "my_lab-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-lab\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[agentgym_opd.algorithms]\nmy_opd = my_lab.method:MyOPD\n")
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        out = subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900)
+        assert out.returncode == 0, (args, out.stderr[-2000:])
+        return out
+
+    cli("train", "--algo", "my_opd", "--env", "household/train", "--student", "tiny", "--teacher", "tiny",
+        "--env-arg", "num_tasks=2", "--output-dir", "runs/my_opd", "--no-progress",
+        "train.steps=2", "rollout.tasks_per_step=2", "rollout.max_turns=4", "rollout.max_new_tokens=8")
+    command = ["eval", "--policy", "runs/my_opd", "--env", "household/valid_unseen", "--episodes", "4",
+               "--max-new-tokens", "16", "--max-turns", "8", "--device", "cpu", "--no-progress"]
+    cli(*command, "--out", "rec.json")
+    cli("leaderboard", "stamp", "rec.json", "--command", " ".join(["agentgym-opd", *command]))
+    shutil.copytree(COMMITTED, tmp_path / "lb")
+    cli("leaderboard", "--root", "lb", "add", "rec.json")
+    record = json.loads((tmp_path / "rec.json").read_text())
+    assert record["algorithm"] == "my_opd" and record["budget"]["rollout_episodes"] == 4  # 2 steps x 2 tasks
+    md = (tmp_path / "lb" / "LEADERBOARD.md").read_text()
+    row = next(line for line in md.splitlines() if "| my_opd [" in line and line.startswith("| ") and line[2].isdigit())
+    assert " * " not in row  # greedy, 16 tokens, 8 turns, text parser: the bench's protocol, so not marked
+    assert "my_opd" in (tmp_path / "lb" / "index.html").read_text()
+    again = cli("leaderboard", "reproduce", "rec.json")
+    assert "same numbers" in again.stdout
