@@ -105,31 +105,47 @@ def eval_tasks(env_id: str, settings: Any) -> list[str]:
     return ids[: settings.eval_episodes] if env_id == settings.env else select_tasks(ids, settings.eval_episodes)
 
 
-def replay_traces(record: dict[str, Any], policy: Any, settings: Any, out: Path, tasks: list[str], limit: int) -> list[dict[str, Any]]:
-    """The first ``limit`` evaluation episodes, replayed as the bench played them, as traces."""
+def bench_traces(policy: Any, env_id: str, settings: Any, *, algorithm: Any = None, limit: int = 3,
+                 tasks: list[str] | None = None) -> list[dict[str, Any]]:
+    """The first ``limit`` evaluation episodes of ``env_id``, played greedily exactly as the bench plays them
+    (same engine settings, tasks and rollout seeds), as traces; with ``algorithm`` (the live
+    ``trainer.algorithm`` of a run) each agent token carries the divergence its loss computes.
+
+    The bench can call this for its held-out split right after evaluating a run:
+    ``record["episodes"] = bench_traces(trainer.eval_engine.policy, env_id, settings, algorithm=trainer.algorithm)``.
+    """
     from agentgym_opd.policy.base import SamplingParams
     from agentgym_opd.registry import make
     from agentgym_opd.rollout import RolloutEngine
-    from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT, algorithm_class, load_policy
-    from agentgym_opd.config import load_config
-    from evaluation.bench import eval_env_args, final_model_dir
+    from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
+    from evaluation.bench import eval_env_args
     from evaluation.episode_trace import capture_traces, trace_episode
 
-    env_id = record["env_id"]
     overrides = {"max_turns": settings.max_turns, **eval_env_args(env_id, settings)}
     engine = RolloutEngine(policy, SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=0.0),
                            system_prompt=DEFAULT_SYSTEM_PROMPT, action_parser="text")
-    chosen = tasks[:limit]
+    chosen = (tasks if tasks is not None else eval_tasks(env_id, settings))[:limit]
     batch = engine.collect([make(env_id, **overrides) for _ in chosen], chosen, seed=settings.eval_seed)
+    if algorithm is not None:
+        return capture_traces(algorithm, batch, limit)
+    return [trace_episode(ep, tokenizer=policy.tokenizer) for ep in batch.episodes[:limit]]
+
+
+def replay_traces(record: dict[str, Any], policy: Any, settings: Any, out: Path, tasks: list[str], limit: int) -> list[dict[str, Any]]:
+    """Traces of a published bench run: with the method's loss rebuilt from the checkpoints where its
+    teacher is a kept checkpoint (:data:`TEACHER_FROM_CHECKPOINT`), tokens only otherwise."""
+    from agentgym_opd.config import load_config
+    from agentgym_opd.trainer import algorithm_class, load_policy
+    from evaluation.bench import final_model_dir
+
     name = record["algorithm"]
+    algorithm = None
     if name in TEACHER_FROM_CHECKPOINT:
         config = load_config(None, [f"model.device={settings.device}"])
         student = load_policy(str(checkpoint_of(out, record)), config, trainable=True)
         teacher = load_policy(str(final_model_dir(out / "teacher")), config, trainable=False)
-        algo_config = (record["algorithm_config"].get("algo") or {})
-        algorithm = algorithm_class(name)(algo_config, student, teacher)
-        return capture_traces(algorithm, batch, limit)
-    return [trace_episode(ep, tokenizer=policy.tokenizer) for ep in batch.episodes[:limit]]
+        algorithm = algorithm_class(name)(record["algorithm_config"].get("algo") or {}, student, teacher)
+    return bench_traces(policy, record["env_id"], settings, algorithm=algorithm, limit=limit, tasks=tasks)
 
 
 def import_bench(out_dir: str | Path, board: Any, *, command: list[str] | None = None, episodes: int = 3,
