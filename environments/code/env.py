@@ -30,8 +30,8 @@ from agentgym_opd.types import StepError, Task
 from environments.code.datasets import (
     MBPP_SPLITS, CodeProblem, load_humaneval, load_humanevalplus, load_mbpp,
 )
-from environments.code.programs import candidate_source, extract_code, syntax_error, test_program_parts
-from environments.code.sandbox import SandboxResult, run_program
+from environments.code.programs import candidate_source, extract_code, syntax_error, test_spec
+from environments.code.sandbox import SandboxResult, check_sandbox, run_checked
 
 DATASETS = ("humaneval", "humanevalplus", "mbpp", "mbpp_sanitized")
 ANSWER_FORMAT = (
@@ -128,8 +128,8 @@ class CodeEnv(TextEnv):
         problem_syntax = syntax_error(candidate_source(problem, code))
         if problem_syntax:
             return self._fail(StepError("parse_error", f"Your code does not parse. {problem_syntax}\nFix it and submit again."))
-        program, first_test_line = test_program_parts(problem, code)
-        result = run_program(program, timeout_s=self.timeout_s, memory_mb=self.memory_mb, first_test_line=first_test_line)
+        result = run_checked(test_spec(problem), candidate_source(problem, code), timeout_s=self.timeout_s,
+                             memory_mb=self.memory_mb)
         self.last_result = result
         if result.passed:
             self.solved = True
