@@ -80,6 +80,7 @@ class CodeEnv(TextEnv):
             raise ValueError(f"{dataset} has the splits {', '.join(splits_of(dataset))}; got {split!r}")
         super().__init__(split, max_turns=max_turns, max_action_chars=max_action_chars,
                          env_id=env_id or f"code/{dataset}", render_mode=render_mode)
+        check_sandbox()  # no sandbox, no code env: SandboxUnavailable says how to install bubblewrap
         self.dataset = dataset
         self.timeout_s = timeout_s if timeout_s is not None else (30.0 if dataset == "humanevalplus" else 10.0)
         self.memory_mb = memory_mb

@@ -86,4 +86,22 @@ def test_spec(problem: CodeProblem) -> dict:
             spec.update(reference=problem.solution, inputs=wire.encode([list(args) for args in inputs]),
                         atol=problem.extra.get("atol", 0.0))
         return spec
-    return {"kind": "asserts", "setup": problem.setup_code, "tests": list(problem.tests), "entry_point": problem.entry_point}
+    return {"kind": "asserts", "setup": problem.setup_code, "tests": list(problem.tests), "entry_point": problem.entry_point,
+            "reference_names": reference_names(problem.solution)}
+
+
+def reference_names(solution: str) -> list[str]:
+    """The top-level functions, classes and variables of the reference solution: the names the tests
+    expect the candidate to provide (see `plan_names` in the checker)."""
+    try:
+        tree = ast.parse(solution)
+    except (SyntaxError, ValueError):
+        return []
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return sorted(names)

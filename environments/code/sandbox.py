@@ -273,10 +273,12 @@ def _pump(proc: subprocess.Popen, readers: dict[int, _Tail], timeout_s: float, m
 def _kill(proc: subprocess.Popen) -> None:
     """SIGKILL bubblewrap's process group: --die-with-parent then ends the namespace's init, and the kernel
     kills every process left in the pid namespace."""
-    for target in (lambda: os.killpg(proc.pid, signal.SIGKILL), lambda: proc.kill()):
+    if proc.poll() is not None:
+        return  # already reaped: its pid may belong to another process by now
+    for target in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
         try:
             target()
-        except (ProcessLookupError, PermissionError, OSError):
+        except OSError:
             pass
 
 

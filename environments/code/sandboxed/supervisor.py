@@ -17,6 +17,8 @@ import ast
 import builtins
 import copy
 import ctypes
+import importlib
+import importlib.util
 import json
 import math
 import os
@@ -94,6 +96,12 @@ class Worker:
         self.calls += 1
         return value
 
+    def setup(self, source):
+        wire.send(self.request_w, {"setup": source})
+        reply = self.receive()
+        if "error" in reply:
+            raise CandidateRaised(str(reply.get("error"))[:100], str(reply.get("message"))[:2000], str(reply.get("traceback"))[-4000:])
+
     def end(self):
         for fd in (self.request_w, self.reply_r):
             try:
@@ -144,12 +152,41 @@ def _bound_names(tree):
     return bound
 
 
-def candidate_names(test_source, trusted_source):
-    """Names the tests use that neither the tests, the trusted setup nor builtins define: the candidate's."""
-    tests = ast.parse(test_source)
-    loaded = {n.id for n in ast.walk(tests) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    trusted = _bound_names(tests) | _bound_names(ast.parse(trusted_source)) | set(dir(builtins))
-    return sorted(loaded - trusted)
+def _loaded(tree):
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _is_module(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def plan_names(tests, setup, reference_names):
+    """Which names the tests take from the candidate, which are standard modules the tests use without
+    importing them (the candidate's import served them before), and whether the setup needs the candidate.
+
+    A name is the candidate's when the benchmark's reference solution defines it (MBPP/126 tests a
+    function called `sum`), or when nothing trusted defines it; a builtin the candidate redefines but the
+    reference does not (say `len`) stays the real builtin, so tests like `len(f(x)) == 3` cannot be bent."""
+    test_tree, setup_tree = ast.parse(tests), ast.parse(setup)
+    reference = set(reference_names)
+    builtin = set(dir(builtins))
+    setup_needs_candidate = any(n in reference or (n not in builtin and not _is_module(n))
+                                for n in _loaded(setup_tree) - _bound_names(setup_tree))
+    trusted = _bound_names(test_tree) | (set() if setup_needs_candidate else _bound_names(setup_tree))
+    candidate, modules = set(), set()
+    for name in _loaded(test_tree):
+        if name in reference:
+            candidate.add(name)
+        elif name in trusted or name in builtin:
+            continue
+        elif _is_module(name):
+            modules.add(name)
+        else:
+            candidate.add(name)
+    return sorted(candidate), sorted(modules), setup_needs_candidate
 
 
 def _same(got, expected, atol):
@@ -195,8 +232,9 @@ def run_checks(spec, worker):
 
     if kind in ("humaneval", "humanevalplus"):
         run(spec["prompt"], "<prompt>")  # the benchmark's helpers (e.g. `poly`), never the candidate's
-        run(spec["test_code"], "<tests>")
         candidate = Remote(worker, entry)
+        namespace[entry] = candidate  # some checks call the function by name (HumanEval/33): that is the candidate's
+        run(spec["test_code"], "<tests>")
         sources["<tests-call>"] = "check(candidate)"
         exec(compile("check(candidate)", "<tests-call>", "exec"), dict(namespace, candidate=candidate))
         if kind == "humanevalplus":
@@ -210,10 +248,18 @@ def run_checks(spec, worker):
                     raise AssertionError("%s(*%s) returned %s, expected %s" % (entry, _short(args), _short(got), _short(want)))
         return
     setup = spec.get("setup") or ""
-    run(setup, "<setup>")
     tests = "\n".join(spec["tests"])
-    for name in candidate_names(tests, setup):
+    candidate, modules, setup_in_candidate = plan_names(tests, setup, spec.get("reference_names") or [])
+    for name in modules:
+        namespace[name] = importlib.import_module(name)
+    for name in candidate:
         namespace[name] = Remote(worker, name)
+    if setup_in_candidate:
+        worker.setup(setup)
+        for name in sorted(_bound_names(ast.parse(setup))):
+            namespace[name] = wire.Named(name)
+    else:
+        run(setup, "<setup>")
     run(tests, "<tests>")
 
 

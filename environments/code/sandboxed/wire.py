@@ -30,6 +30,26 @@ class Ref:
         return "<object #%d of the tested code>" % self.id
 
 
+class Named:
+    """A global of the candidate's module, by name (the objects an MBPP setup builds with its classes)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return "<%s of the tested code>" % self.name
+
+
+# builtin types travel by name (MBPP passes `int` and `str` as arguments); they compare by identity
+TYPES = {t.__name__: t for t in (int, float, complex, str, bytes, bool, list, tuple, dict, set, frozenset, object, type(None))}
+
+
+def _no_name(name):
+    raise WireError("a global of the tested code cannot be sent this way")
+
+
 class WireError(ValueError):
     """Data that does not follow the format: the checker treats it as a wrong answer."""
 
@@ -47,6 +67,10 @@ def encode(value, refs=None, depth=0):
         return ["f", value.hex()]
     if kind is Ref:
         return ["r", value.id]
+    if kind is Named:
+        return ["n", value.name]
+    if kind is type and TYPES.get(value.__name__) is value:
+        return ["T", value.__name__]
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):
@@ -76,8 +100,9 @@ def encode(value, refs=None, depth=0):
     return ["r", len(refs) - 1]
 
 
-def decode(data, resolve=Ref, depth=0):
-    """Plain builtin objects from `encode`'s form; `resolve` maps a reference id to an object."""
+def decode(data, resolve=Ref, depth=0, resolve_name=_no_name):
+    """Plain builtin objects from `encode`'s form; `resolve` maps a reference id to an object and
+    `resolve_name` a global's name (only the candidate's side may accept those)."""
     if depth > MAX_DEPTH:
         raise WireError("value nested deeper than %d levels" % MAX_DEPTH)
     if data is None or type(data) in (bool, int, str):
@@ -98,19 +123,27 @@ def decode(data, resolve=Ref, depth=0):
             if type(data[1]) is not int:
                 raise WireError("malformed reference")
             return resolve(data[1])
+        if tag == "n":
+            if type(data[1]) is not str:
+                raise WireError("malformed name")
+            return resolve_name(data[1])
+        if tag == "T":
+            if data[1] not in TYPES:
+                raise WireError("not a builtin type")
+            return TYPES[data[1]]
         items = data[1]
         if type(items) is not list:
             raise WireError("malformed container")
         if tag == "l":
-            return [decode(v, resolve, inner) for v in items]
+            return [decode(v, resolve, inner, resolve_name) for v in items]
         if tag == "t":
-            return tuple(decode(v, resolve, inner) for v in items)
+            return tuple(decode(v, resolve, inner, resolve_name) for v in items)
         if tag == "s":
-            return set(decode(v, resolve, inner) for v in items)
+            return set(decode(v, resolve, inner, resolve_name) for v in items)
         if tag == "F":
-            return frozenset(decode(v, resolve, inner) for v in items)
+            return frozenset(decode(v, resolve, inner, resolve_name) for v in items)
         if tag == "d":
-            return {decode(k, resolve, inner): decode(v, resolve, inner) for k, v in items}
+            return {decode(k, resolve, inner, resolve_name): decode(v, resolve, inner, resolve_name) for k, v in items}
     except (TypeError, ValueError, IndexError, OverflowError) as exc:
         raise WireError("malformed value: %s" % exc) from None
     raise WireError("unknown tag %r" % tag[:20])
