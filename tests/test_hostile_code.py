@@ -48,13 +48,13 @@ def in_victim(program: str, *, timeout: float = 60, **kwargs) -> dict:
     reports nothing: {"victim_rc": <signal>}."""
     script = (
         "import json, resource, sys\n"
-        "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
         "from environments.code.sandbox import run_program\n"
         f"r = run_program({DISARM + program!r}, **{kwargs!r})\n"
         "print(json.dumps({'status': r.status, 'stdout': r.stdout[-3000:], 'stderr': r.stderr[-3000:],"
         " 'duration': r.duration_s, 'maxrss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n"
     )
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", str(REPO)))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
     lines = proc.stdout.strip().splitlines()
     report = json.loads(lines[-1]) if proc.returncode == 0 and lines else {}

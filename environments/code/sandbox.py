@@ -290,20 +290,23 @@ def _text(data: bytes, limit: int = TAIL_CHARS) -> str:
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
+_HARNESS_FRAMES = tuple(f'"{SANDBOX_DIR}/{name}"' for name in ("launch.py", "supervisor.py", "worker.py", "wire.py")) + ("<frozen runpy>",)
+
+
 def clean_traceback(stderr: str) -> str:
-    """Drop the harness's own frames (anything under /sandbox/ but the program), so a model sees its code's frames."""
+    """Drop the harness's own frames, so a model sees only its code's frames (as main.py)."""
     out, skip_source = [], False
     for line in stderr.splitlines():
         stripped = line.strip()
         if stripped.startswith('File "'):
-            skip_source = "/sandbox/" in stripped or "<frozen runpy>" in stripped
+            skip_source = any(name in stripped for name in _HARNESS_FRAMES)
             if skip_source:
                 continue
         elif skip_source and line.startswith("    "):
             continue
         else:
             skip_source = False
-        out.append(line)
+        out.append(line.replace(f"{SANDBOX_DIR}/", ""))
     return "\n".join(out)
 
 
@@ -337,15 +340,17 @@ def run_program(program: str, *, timeout_s: float = 10.0, memory_mb: int = 1024,
                max_procs=max_procs, max_output_bytes=max_output_bytes, tmpfs_mb=tmpfs_mb)
     stderr = _text(clean_traceback(raw.stderr.decode("utf-8", "replace")).encode())
     code = raw.returncode
-    if raw.timed_out or code == -signal.SIGXCPU:
+    # bubblewrap's init exits with 128 + N when the program died of signal N
+    died_of = code - 128 if code is not None and code > 128 else None
+    if raw.timed_out or died_of == signal.SIGXCPU:
         status = "timeout"
     elif raw.output_exceeded:
         status, stderr = "failed", stderr + f"\n[the program printed more than {max_output_bytes} bytes and was stopped]"
     elif code == 0:
         status = "passed"
-    elif "MemoryError" in stderr:
+    elif "MemoryError" in stderr or died_of == signal.SIGKILL:
         status = "memory"
-    elif code is not None and code < 0:
+    elif died_of is not None:
         status = "crashed"
     else:
         status = "failed"

@@ -191,6 +191,8 @@ def plan_names(tests, setup, reference_names):
 
 def _same(got, expected, atol):
     """EvalPlus's output comparison, on plain values only; a bool never equals a number."""
+    if type(got) is type(expected) and type(got) in (list, tuple, str, int) and got == expected:
+        return True  # plain values that are exactly equal (floats inside compare exactly): the common case, fast
     if isinstance(got, bool) != isinstance(expected, bool):
         return False
     if isinstance(expected, float) or isinstance(got, float):

@@ -8,13 +8,15 @@ tuple, dict, set, frozenset. Anything else the candidate returns (an instance of
 an opaque `Ref` that the checker can pass back to the candidate but that equals only itself.
 
 Subclasses of builtin types (a Counter, a namedtuple, an IntEnum) are sent as their base type, which is
-how the benchmarks' own `==` would have compared them. Ints outside JSON's safe range travel as hex
-(JSON's decimal ints are limited to 4300 digits; hex is not). Runs under any Python 3.8+, stdlib only.
+how the benchmarks' own `==` would have compared them. Floats are JSON numbers (repr round-trips
+exactly; NaN and infinities as JSON's extensions); ints outside 2**53 travel as hex (Python limits
+decimal ints to 4300 digits; hex is not limited). Runs under any Python 3.8+, stdlib only.
 """
 
 import json
 
 _SAFE_INT = 2 ** 53
+_SCALARS = (type(None), bool, int, float, str)
 MAX_DEPTH = 200
 
 
@@ -64,7 +66,7 @@ def encode(value, refs=None, depth=0):
     if kind is int:
         return value if -_SAFE_INT < value < _SAFE_INT else ["i", hex(value)]
     if kind is float:
-        return ["f", value.hex()]
+        return value  # JSON keeps a float a float ("1.0"), exactly (repr round-trips), NaN and infinities included
     if kind is Ref:
         return ["r", value.id]
     if kind is Named:
@@ -76,7 +78,7 @@ def encode(value, refs=None, depth=0):
     if isinstance(value, int):
         return encode(int.__pos__(value), refs, depth)
     if isinstance(value, float):
-        return ["f", float.hex(float.__pos__(value))]
+        return float.__pos__(value)
     if isinstance(value, complex):
         return ["c", float.hex(complex.__getattribute__(value, "real")), float.hex(complex.__getattribute__(value, "imag"))]
     if isinstance(value, str):
@@ -86,6 +88,8 @@ def encode(value, refs=None, depth=0):
     inner = depth + 1
     if isinstance(value, dict):
         return ["d", [[encode(k, refs, inner), encode(v, refs, inner)] for k, v in dict.items(value)]]
+    if kind is list and all(type(v) in _SCALARS and (type(v) is not int or -_SAFE_INT < v < _SAFE_INT) for v in value):
+        return ["l", value]  # the common case (a long list of numbers or strings) without a call per item
     if isinstance(value, list):
         return ["l", [encode(v, refs, inner) for v in list.__iter__(value)]]
     if isinstance(value, tuple):
@@ -105,7 +109,7 @@ def decode(data, resolve=Ref, depth=0, resolve_name=_no_name):
     `resolve_name` a global's name (only the candidate's side may accept those)."""
     if depth > MAX_DEPTH:
         raise WireError("value nested deeper than %d levels" % MAX_DEPTH)
-    if data is None or type(data) in (bool, int, str):
+    if data is None or type(data) in (bool, int, float, str):
         return data
     if type(data) is not list or not data or type(data[0]) is not str:
         raise WireError("malformed value")
@@ -113,8 +117,6 @@ def decode(data, resolve=Ref, depth=0, resolve_name=_no_name):
     try:
         if tag == "i":
             return int(data[1], 16)
-        if tag == "f":
-            return float.fromhex(data[1])
         if tag == "c":
             return complex(float.fromhex(data[1]), float.fromhex(data[2]))
         if tag == "b":
@@ -135,6 +137,8 @@ def decode(data, resolve=Ref, depth=0, resolve_name=_no_name):
         if type(items) is not list:
             raise WireError("malformed container")
         if tag == "l":
+            if all(type(v) in _SCALARS for v in items):
+                return items  # JSON already built exactly these plain objects
             return [decode(v, resolve, inner, resolve_name) for v in items]
         if tag == "t":
             return tuple(decode(v, resolve, inner, resolve_name) for v in items)
@@ -150,7 +154,7 @@ def decode(data, resolve=Ref, depth=0, resolve_name=_no_name):
 
 
 def dumps(obj):
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return json.dumps(obj, separators=(",", ":")).encode("utf-8")
 
 
 def loads(raw):
