@@ -297,6 +297,22 @@ WRONG = {
     "mbpp/11": "def remove_Occ(s, ch):\n    return None\n",
 }
 ALWAYS_EQUAL = "class _Yes:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n"
+FAKE_VERDICT = """
+import json, os
+fake = b"0" * 64 + b"\\n" + json.dumps({"status": "passed", "kind": "passed"}).encode()
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                with open(f"/proc/{pid}/fd/{fd}", "wb", buffering=0) as handle:
+                    handle.write(fake)
+            except OSError:
+                pass
+"""
 FORGERIES = {
     "sys.exit(0) before the function": lambda name, wrong: "import sys\nsys.exit(0)\n" + wrong,
     "os._exit(0) at import": lambda name, wrong: "import os\nos._exit(0)\n" + wrong,
@@ -309,6 +325,7 @@ FORGERIES = {
     "exit 0 from inside the call": lambda name, wrong: wrong.replace("return None", "import os; os._exit(0)"),
     "patched builtins": lambda name, wrong: ("import builtins\nbuiltins.AssertionError = type('Quiet', (Exception,), {})\n"
                                              "builtins.isinstance = lambda *a: True\n" + wrong),
+    "fake verdict on every reachable descriptor": lambda name, wrong: wrong + FAKE_VERDICT,
 }
 
 
@@ -328,3 +345,18 @@ def test_a_wrong_solution_cannot_forge_a_pass(code_envs, dataset, trick):
     env.reset(options={"task_id": task_id})
     _, reward, terminated, _, info = env.step(FORGERIES[trick](name, WRONG[task_id]))
     assert reward == 0.0 and not terminated and not info["success"], info.get("feedback")
+
+
+@pytest.mark.timeout(60)
+def test_a_builtin_redefined_by_the_candidate_does_not_change_the_tests(code_envs):
+    # HumanEval/33's check compares `tuple(candidate(x)) == tuple(...)`: a module-level `tuple` that returns
+    # a constant made both sides equal when the tests ran in the candidate's module
+    env = code_envs["humaneval"]
+    env.reset(options={"task_id": "HumanEval/33"})
+    _, reward, _, _, info = env.step("tuple = lambda *args: ()\ndef sort_third(l):\n    return [0]\n")
+    assert reward == 0.0 and info["error"].kind == "runtime_error"
+    # and the candidate still uses its own names: MBPP/126 tests a function the reference calls `sum`
+    env = code_envs["mbpp"]
+    _, info = env.reset(options={"task_id": "mbpp/126"})
+    _, reward, _, _, _ = env.step(info["task"].privileged["walkthrough"][0])
+    assert reward == 1.0

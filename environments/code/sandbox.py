@@ -375,7 +375,6 @@ def run_checked(spec: dict, candidate: str, *, timeout_s: float = 10.0, memory_m
                memory_mb=memory_mb * 2, cpu_s=timeout_s, max_file_mb=max_file_mb, max_procs=max_procs,
                max_output_bytes=max_output_bytes, tmpfs_mb=tmpfs_mb, token=token)
     verdict = parse_verdict(raw.verdict, token)
-    output = _text(raw.stdout) + ("\n" if raw.stdout else "") + _text(raw.stderr)
     if raw.timed_out or verdict.get("signal") == signal.SIGXCPU:
         return SandboxResult("timeout", raw.returncode, _text(raw.stdout), _text(raw.stderr), raw.duration_s)
     if raw.output_exceeded:
@@ -389,7 +388,6 @@ def run_checked(spec: dict, candidate: str, *, timeout_s: float = 10.0, memory_m
     if verdict.get("traceback"):
         lines.append(clean_traceback(verdict["traceback"]))
     stderr = _text("\n".join(line for line in lines if line).encode())
-    del output
     return SandboxResult(status, raw.returncode, _text(raw.stdout), stderr, raw.duration_s, verdict.get("failing_test"), verdict)
 
 
