@@ -158,6 +158,8 @@ def test_a_disk_bomb_fills_only_the_private_tmpfs(tmp_path):
     result = sandboxed(program, timeout_s=30)
     written = int(result.stdout.split("files")[-1])
     assert written * 8 <= 64, result.stdout  # the tmpfs holds 64 MB, not 1.6 GB
+    result = sandboxed("try:\n    open('big', 'wb').write(b'x' * (32 << 20))\nexcept OSError as e:\n    print('refused', e.errno)\n")
+    assert "refused 27" in result.stdout  # EFBIG: RLIMIT_FSIZE (16 MB) binds
 
 
 def test_host_files_the_task_does_not_need_are_not_visible(tmp_path):

@@ -2,8 +2,10 @@
 
 One episode is one problem. The first observation is the problem (HumanEval: signature + docstring;
 MBPP: the text and one example test) and the answer format. Each turn the agent submits code (a
-```python fenced block, or bare code); the env runs it against the problem's tests in a fresh sandboxed
-interpreter (`environments.code.sandbox`):
+```python fenced block, or bare code); the env tests it in a bubblewrap sandbox
+(`environments.code.sandbox.run_checked`): the benchmark's tests run in a checker process that never
+executes the submission and calls it, in another process, for plain-data results; only the checker's
+token-signed verdict counts, so a submission cannot skip, exit out of, or answer for its tests:
 
 * all tests pass -> success, terminated, reward 1;
 * otherwise the observation and `feedback` carry the failing test and the traceback tail, the error kind
@@ -14,7 +16,7 @@ interpreter (`environments.code.sandbox`):
 Decisions where the benchmarks are silent: HumanEval accepts the full function or just the completion
 of the prompt (the original format, recognised by the entry point not being defined); the prompt's own
 imports are prepended to a full function. HumanEval+ checks the base tests and then every base + plus
-input against the canonical solution's output computed in the same sandboxed run (floats with EvalPlus's
+input against the canonical solution's output computed in the checker (floats with EvalPlus's
 tolerance), so its default timeout is longer (30 s: a few canonical solutions need ~15 s on a loaded
 core). Splits: HumanEval and HumanEval+ have only "test"; MBPP (both versions) has the standard
 "test" (ids 11-510), "train" (601-974), "validation" (511-600) and "prompt" (1-10).
