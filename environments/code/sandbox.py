@@ -152,17 +152,25 @@ def _host_limits(memory_mb: int, cpu_s: float, max_file_mb: int):
     """preexec_fn for bubblewrap: limits every process of the run inherits, then (as root) drop to SANDBOX_UID.
     Only setrlimit/setgroups/setres[ug]id: safe between fork and exec."""
     def apply() -> None:
-        memory = (memory_mb + 256) << 20  # the interpreter's own mappings on top of the program's budget
         cpu = max(1, int(cpu_s + 0.999))
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_mb << 20, max_file_mb << 20))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        _lower(resource.RLIMIT_AS, (memory_mb + 256) << 20)  # the interpreter's own mappings on top of the budget
+        _lower(resource.RLIMIT_CPU, cpu, cpu + 1)
+        _lower(resource.RLIMIT_FSIZE, max_file_mb << 20)
+        _lower(resource.RLIMIT_CORE, 0)
         if os.geteuid() == 0:
             os.setgroups([])
             os.setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
             os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
     return apply
+
+
+def _lower(which: int, soft: int, hard: int | None = None) -> None:
+    """Set a limit, never above the one the host already has (raising it would need privileges)."""
+    _, current = resource.getrlimit(which)
+    hard = soft if hard is None else hard
+    if current != resource.RLIM_INFINITY:
+        soft, hard = min(soft, current), min(hard, current)
+    resource.setrlimit(which, (soft, hard))
 
 
 def _run(files: dict[str, bytes], argv: list[str], *, timeout_s: float, memory_mb: int, cpu_s: float,
@@ -333,7 +341,9 @@ def run_program(program: str, *, timeout_s: float = 10.0, memory_mb: int = 1024,
     check_sandbox()
     data = program.encode("utf-8", "surrogateescape")
     # RLIMIT_NPROC must be set inside the namespace (see the module docstring): a two-line launcher does it
-    launcher = (f"import resource, runpy, sys\nresource.setrlimit(resource.RLIMIT_NPROC, ({max_procs}, {max_procs}))\n"
+    launcher = (f"import resource, runpy, sys\nhard = resource.getrlimit(resource.RLIMIT_NPROC)[1]\n"
+                f"limit = {max_procs} if hard == resource.RLIM_INFINITY else min({max_procs}, hard)\n"
+                "resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))\n"
                 "sys.argv = ['main.py']\nrunpy.run_path('/sandbox/main.py', run_name='__main__')\n")
     raw = _run({"main.py": data, "launch.py": launcher.encode()}, [sandbox_python(), "-I", "-S", "-B", f"{SANDBOX_DIR}/launch.py"],
                timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=timeout_s, max_file_mb=max_file_mb,

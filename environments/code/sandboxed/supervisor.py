@@ -130,11 +130,19 @@ class Remote:
         return "<tested %s>" % self._target
 
 
+def _lower(which, soft, hard=None):
+    """Set a limit, never above the inherited one (raising it would need privileges)."""
+    current = resource.getrlimit(which)[1]
+    hard = soft if hard is None else hard
+    if current != resource.RLIM_INFINITY:
+        soft, hard = min(soft, current), min(hard, current)
+    resource.setrlimit(which, (soft, hard))
+
+
 def _apply_limits(limits):
-    memory = limits["memory_mb"] << 20
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    _lower(resource.RLIMIT_AS, limits["memory_mb"] << 20)
     cpu = max(1, int(math.ceil(limits["cpu_s"])))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    _lower(resource.RLIMIT_CPU, cpu, cpu + 1)
 
 
 def _bound_names(tree):
@@ -273,7 +281,7 @@ def main():
     with open(os.path.join(SANDBOX, "spec.json"), encoding="utf-8") as handle:
         spec = json.load(handle)
     limits = spec["limits"]
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_procs"], limits["max_procs"]))
+    _lower(resource.RLIMIT_NPROC, limits["max_procs"])  # inside the namespace: counts this run only
     worker = Worker(limits)
     verdict = {"status": "failed", "kind": "error", "failing_test": None, "message": "", "traceback": ""}
     try:
