@@ -50,9 +50,13 @@ def in_victim(program: str, *, timeout: float = 60, **kwargs) -> dict:
         "import json, resource, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
         "from environments.code.sandbox import run_program\n"
+        # VmHWM, this process's own peak (ru_maxrss would carry over the peak of the pytest process that forked it)
+        "def peak_mb():\n"
+        "    line = next(l for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
+        "    return int(line.split()[1]) / 1024\n"
         f"r = run_program({DISARM + program!r}, **{kwargs!r})\n"
         "print(json.dumps({'status': r.status, 'stdout': r.stdout[-3000:], 'stderr': r.stderr[-3000:],"
-        " 'duration': r.duration_s, 'maxrss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n"
+        " 'duration': r.duration_s, 'maxrss_mb': peak_mb()}))\n"
     )
     env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", str(REPO)))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
