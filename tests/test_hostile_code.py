@@ -366,3 +366,31 @@ def test_a_builtin_redefined_by_the_candidate_does_not_change_the_tests(code_env
     _, info = env.reset(options={"task_id": "mbpp/126"})
     _, reward, _, _, _ = env.step(info["task"].privileged["walkthrough"][0])
     assert reward == 1.0
+
+
+@pytest.mark.timeout(60)
+def test_the_tests_and_the_reference_are_out_of_the_candidates_reach(code_envs):
+    # a candidate that finds the expected outputs (the test asserts, HumanEval+'s reference solution) can
+    # answer from them: nothing it can read, in its files or through /proc, holds them
+    from environments.code.sandbox import run_checked
+    from environments.code.programs import candidate_source, test_spec
+
+    env = code_envs["humanevalplus"]
+    problem = env._problems["HumanEval/0"]
+    markers = ["assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True", "sorted_numbers[i + 1] - sorted_numbers[i] < threshold"]
+    assert all(m in problem.test_code + problem.solution for m in markers)
+    search = (
+        "import glob, os\nseen = []\n"
+        "paths = glob.glob('/sandbox/*') + glob.glob('/tmp/**', recursive=True) + glob.glob('/proc/*/fd/*')"
+        " + glob.glob('/proc/*/environ') + glob.glob('/proc/*/cmdline')\n"
+        "for path in paths:\n"
+        "    try:\n        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)\n"
+        "        seen.append(os.read(fd, 1 << 22))\n        os.close(fd)\n"
+        "    except Exception:\n        pass\n"
+        "blob = b''.join(seen)\n"
+        # the markers travel reversed, so the candidate's own source (main.py) does not contain them
+        f"print('FOUND' if any(m[::-1].encode() in blob for m in {[m[::-1] for m in markers]!r}) else 'NOTHING', len(seen))\n"
+        "def has_close_elements(numbers, threshold):\n    return False\n"
+    )
+    result = run_checked(test_spec(problem), candidate_source(problem, search), timeout_s=60)
+    assert "NOTHING" in result.stdout and not result.passed, result.stdout

@@ -175,9 +175,10 @@ def _lower(which: int, soft: int, hard: int | None = None) -> None:
 
 def _run(files: dict[str, bytes], argv: list[str], *, timeout_s: float, memory_mb: int, cpu_s: float,
          max_file_mb: int, max_procs: int, max_output_bytes: int, tmpfs_mb: int,
-         token: bytes | None = None) -> _Raw:
-    """One bubblewrap run of `argv`. With `token`, two more arguments name the descriptors that carry the
-    token in (read once, before any candidate code exists) and the verdict out."""
+         token: bytes | None = None, secret: bytes = b"") -> _Raw:
+    """One bubblewrap run of `argv`. With `token`, three more arguments name the descriptors that carry
+    the verdict out, and the token and `secret` in (read once by the first process, before any candidate
+    code exists; bubblewrap's init closes its copies)."""
     file_fds = {name: _memfd(name, data) for name, data in files.items()}
     passed = list(file_fds.values())
     verdict_r = None
@@ -187,8 +188,9 @@ def _run(files: dict[str, bytes], argv: list[str], *, timeout_s: float, memory_m
         token_r, token_w = os.pipe()
         os.write(token_w, token)
         os.close(token_w)
-        passed += [verdict_w, token_r]
-        argv += [str(verdict_w), str(token_r)]
+        secret_fd = _memfd("secret", secret)
+        passed += [verdict_w, token_r, secret_fd]
+        argv += [str(verdict_w), str(token_r), str(secret_fd)]
     start = time.monotonic()
     try:
         proc = subprocess.Popen(_command(file_fds, argv, tmpfs_mb), stdin=subprocess.DEVNULL,
@@ -378,12 +380,14 @@ def run_checked(spec: dict, candidate: str, *, timeout_s: float = 10.0, memory_m
     check_sandbox()
     token = secrets.token_hex(32).encode()
     spec = dict(spec, limits={"memory_mb": memory_mb, "cpu_s": timeout_s, "max_procs": max_procs})
-    files = {"main.py": candidate.encode("utf-8", "surrogateescape"), "spec.json": json.dumps(spec).encode(),
+    # the tests and the reference solution reach only the checker (a descriptor it reads and closes before
+    # the candidate starts), never a file the candidate could read for the expected answers
+    files = {"main.py": candidate.encode("utf-8", "surrogateescape"),
              "supervisor.py": (_HELPERS / "supervisor.py").read_bytes(), "worker.py": (_HELPERS / "worker.py").read_bytes(),
              "wire.py": (_HELPERS / "wire.py").read_bytes()}
     raw = _run(files, [sandbox_python(), "-I", "-S", "-B", f"{SANDBOX_DIR}/supervisor.py"], timeout_s=timeout_s,
                memory_mb=memory_mb * 2, cpu_s=timeout_s, max_file_mb=max_file_mb, max_procs=max_procs,
-               max_output_bytes=max_output_bytes, tmpfs_mb=tmpfs_mb, token=token)
+               max_output_bytes=max_output_bytes, tmpfs_mb=tmpfs_mb, token=token, secret=json.dumps(spec).encode())
     verdict = parse_verdict(raw.verdict, token)
     if raw.timed_out or verdict.get("signal") == signal.SIGXCPU:
         return SandboxResult("timeout", raw.returncode, _text(raw.stdout), _text(raw.stderr), raw.duration_s)

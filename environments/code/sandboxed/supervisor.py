@@ -5,12 +5,13 @@ Why two processes: a program that runs its own tests can fake their outcome (exi
 this process, which never executes a line of the candidate's code; the candidate runs in a separate
 interpreter (`worker.py`) and only answers calls with plain data (`wire.py`), so every comparison is
 between builtin values. The verdict leaves on a descriptor the worker never inherits, prefixed by a
-per-run token read (from another descriptor) before the worker exists; this process marks itself
+per-run token read (from another descriptor) before the worker exists, and the tests themselves (with
+the HumanEval+ reference solution) arrive the same way, so the candidate cannot read expected answers; this process marks itself
 non-dumpable, so the worker (same uid, no capabilities) cannot read its memory or open its descriptors
 through /proc. Whatever the worker does (exit early, kill this process, flood the output), the host sees
 either this verdict with the right token or no verdict, which counts as a failure.
 
-    python -I -S -B supervisor.py VERDICT_FD TOKEN_FD   (files under /sandbox)
+    python -I -S -B supervisor.py VERDICT_FD TOKEN_FD SPEC_FD   (the tests as JSON on SPEC_FD; files under /sandbox)
 """
 
 import ast
@@ -274,12 +275,12 @@ def run_checks(spec, worker):
 
 
 def main():
-    verdict_fd, token_fd = int(sys.argv[1]), int(sys.argv[2])
+    verdict_fd, token_fd, spec_fd = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     token = os.read(token_fd, 256)
     os.close(token_fd)
-    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    with open(os.path.join(SANDBOX, "spec.json"), encoding="utf-8") as handle:
-        spec = json.load(handle)
+    with os.fdopen(spec_fd, "rb") as handle:  # the tests and the reference: never where the candidate can read
+        spec = json.loads(handle.read().decode("utf-8"))
     limits = spec["limits"]
     _lower(resource.RLIMIT_NPROC, limits["max_procs"])  # inside the namespace: counts this run only
     worker = Worker(limits)
