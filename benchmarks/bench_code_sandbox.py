@@ -12,6 +12,7 @@ that load on the machine hits both alike; the figure that carries over between m
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import random
 import subprocess
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 from environments.code.env import load_problems
-from environments.code.programs import candidate_source, test_spec
+from environments.code.programs import candidate_source, reference_names, test_spec
 from environments.code.sandbox import run_checked
 
 BEFORE = "6598f9a"  # the last commit with the in-process test harness
@@ -79,10 +80,10 @@ def main() -> None:
 
 
 def _mbpp_name(problem) -> str:
+    """The function a wrong submission must define: HumanEval's entry point, else the first function the
+    MBPP tests call that the reference solution defines."""
     if problem.entry_point:
         return problem.entry_point
-    import ast
-    from environments.code.programs import reference_names
     calls = [n.func.id for n in ast.walk(ast.parse("\n".join(problem.tests)))
              if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
     names = set(reference_names(problem.solution))
