@@ -64,6 +64,46 @@ def test_served_teacher_scores_the_students_exact_ids_like_the_hf_teacher(tmp_pa
                              "top_m_over_cap": "ValueError", "empty_context": "ValueError"}
 
 
+def test_opd_trains_against_a_served_teacher(tmp_path):
+    """`model.teacher_backend=vllm` end to end: OPD (top-M on the teacher's support, and the sampled-token
+    estimator) trains from the served teacher's scores, and its loss equals the loss against the HF teacher."""
+    for case in ("topm_teacher_support", "sampled"):  # one engine per process: each case in its own
+        out = tmp_path / f"{case}.json"
+        proc = subprocess.run([VLLM_PYTHON, __file__, str(out), "opd", str(tmp_path), case], capture_output=True,
+                              text=True, timeout=900, cwd=Path(__file__).resolve().parents[2])
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        r = json.loads(out.read_text())
+        assert r["teacher_is_vllm"] and r["weights_moved"], r
+        assert r["loss_gap_vs_hf_teacher"] < 1e-4, r
+
+
+def _opd_main(result_path: str, work: str, case: str) -> None:
+    import torch
+
+    from agentgym_opd.config import load_config
+    from agentgym_opd.policy.vllm_backend import VLLMPolicy
+    from agentgym_opd.trainer import Trainer, algorithm_class
+
+    algo = {"topm_teacher_support": ["algo.top_m=16", "algo.top_m_support=teacher"],
+            "sampled": ["algo.estimator=sampled"]}[case]
+    losses, moved, teacher_is_vllm = {}, {}, False
+    for backend in ("vllm", "hf"):  # the same seed: the same rollouts, so the step-1 losses compare
+        overrides = ["algorithm=opd", "env=household/train", f"output_dir={work}/{case}-{backend}",
+                     "model.student=tiny", "model.teacher=tiny", f"model.teacher_backend={backend}",
+                     "model.device=cpu", "model.vllm_gpu_memory_utilization=0.08", "model.max_seq_len=1024",
+                     "train.steps=1", "train.lr=1e-2", "rollout.tasks_per_step=2", "rollout.max_turns=2",
+                     "rollout.max_new_tokens=8", *algo]
+        config = load_config(None, overrides, algo_config_cls=algorithm_class("opd").Config)
+        trainer = Trainer(config, env_overrides={"num_tasks": 4}, progress=False)
+        teacher_is_vllm = teacher_is_vllm or isinstance(trainer.teacher, VLLMPolicy)
+        initial = {n: p.detach().clone() for n, p in trainer.student.model.named_parameters()}
+        losses[backend] = float(trainer.train()["loss"])
+        moved[backend] = any(not torch.equal(initial[n], p) for n, p in trainer.student.model.named_parameters())
+    result = {"teacher_is_vllm": teacher_is_vllm, "weights_moved": moved["vllm"],
+              "loss_gap_vs_hf_teacher": abs(losses["vllm"] - losses["hf"]), "losses": losses}
+    Path(result_path).write_text(json.dumps(result))
+
+
 def _teacher_main(result_path: str) -> None:
     import torch
 
@@ -183,6 +223,8 @@ def _main(result_path: str) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[2] == "teacher":
         _teacher_main(sys.argv[1])
+    elif len(sys.argv) > 2 and sys.argv[2] == "opd":
+        _opd_main(sys.argv[1], sys.argv[3], sys.argv[4])
     elif len(sys.argv) > 2 and sys.argv[2] == "trainer":
         _trainer_main(sys.argv[1], sys.argv[3])
     else:
