@@ -200,6 +200,9 @@ def main() -> int:
             report["parts"][name] = result
         else:
             report["parts"][name] = run_part(name, parts[name], s["limits"][name], out)
+            if name == "bench":  # its final table (the leaderboard rows) is the figure
+                log = (out / "bench.log").read_text(errors="replace").strip().splitlines()
+                report["parts"][name]["summary"] = "\n".join(log[-25:])
             if name in ("opd_bf16", "ddp_nccl"):
                 report["parts"][name]["figures"] = _last_metrics(out / ("opd_bf16" if name == "opd_bf16" else "ddp"))
         print(f"[gpu_check] {name}: {_status(report['parts'][name])}", flush=True)
@@ -256,6 +259,8 @@ def markdown(report: dict) -> str:
             figures = json.dumps(p.get("figures"), separators=(",", ":")) if p.get("figures") else ""
             lines.append(f"| {label} | {'ok' if p['rc'] == 0 else 'FAILED rc=' + str(p['rc'])} | {p['seconds']} | "
                          f"{figures.replace('|', '/')} |")
+    if report["parts"].get("bench", {}).get("summary"):
+        lines += ["", "bench --quick, the end of its output:", "", "```", report["parts"]["bench"]["summary"], "```"]
     mem = report["parts"].get("teacher_memory", {})
     key = "peak_gpu_bytes_over_weights" if not report["dry_run"] else "peak_rss_growth_bytes"
     try:

@@ -37,10 +37,16 @@ fi
 started=$SECONDS
 $PY -c "import torch, transformers" || { echo "the GPU check needs a preinstalled torch and transformers" >&2; exit 2; }
 rm -rf "$VENV"
-$PY -m venv --system-site-packages "$VENV"
-"$VENV/bin/python" -m pip install -q --no-index --no-deps --find-links "$WHEELS" "$WHEELS"/*.whl
+if $PY -m venv --system-site-packages "$VENV" 2>/dev/null; then
+  PIP=("$VENV/bin/python" -m pip)
+else  # a Python without ensurepip (Debian's python3 without python3-venv): the machine's pip drives the venv
+  rm -rf "$VENV"
+  $PY -m venv --without-pip --system-site-packages "$VENV"
+  PIP=($PY -m pip --python "$VENV/bin/python")
+fi
+"${PIP[@]}" install -q --no-index --no-deps --find-links "$WHEELS" "$WHEELS"/*.whl
 # the project, --no-deps and offline; setuptools comes from the carried wheels (no build isolation needed)
-"$VENV/bin/python" -m pip install -q --no-index --no-deps --no-build-isolation -e .
+"${PIP[@]}" install -q --no-index --no-deps --no-build-isolation -e .
 rm -rf agentgym_opd.egg-info  # a metadata copy in the source tree would shadow the installed entry points
 echo "[gpu_check] venv and install: $((SECONDS - started)) s"
 # 8 minutes in all on the GPU: whatever the install took comes off the parts' share (the CPU dry run is

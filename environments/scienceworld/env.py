@@ -226,14 +226,13 @@ class ScienceWorldTextEnv(TextEnv):
         )
 
     def _replay(self) -> None:
-        """Reload the episode's variation and replay its actions (the simulator is deterministic)."""
-        history, self._history = self._history, []
+        """Reload the episode's variation and replay its actions (the simulator is deterministic); the
+        history is left as it is, so a second attempt after a failed one replays all of it again."""
         self._load(self.task.metadata["variation"])
         self.engine.server.reset()
         self._raw_step("look around")
-        for action in history:
+        for action in self._history:
             self._raw_step(action)
-        self._history = history
 
     def _jvm_exited(self) -> bool:
         return not jvm.alive(self.engine)
