@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("scienceworld")
 pytest.importorskip("textworld_express")
 
-STEP_TIMEOUT_S = 3.0
+STEP_TIMEOUT_S = 5.0  # short for the test, yet above a step of a loaded machine
 
 
 def _restart_lines(caplog) -> list[str]:
@@ -48,6 +49,20 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def _freeze(pid: int) -> None:
+    """SIGSTOP the JVM and wait until every one of its threads is stopped (delivery is not instantaneous,
+    and a step sent meanwhile could still be answered)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = [Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                  for tid in os.listdir(f"/proc/{pid}/task")]
+        if all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the JVM {pid} did not stop within 10 s of SIGSTOP")
+
+
 def _play(env, actions):
     step = {}
     for action in actions:
@@ -68,7 +83,7 @@ def test_scienceworld_frozen_jvm_times_out_restarts_and_the_episode_goes_on(capl
         score_before = step["score"]
         capfd.readouterr()
         frozen = env.jvm_pid()
-        os.kill(frozen, signal.SIGSTOP)
+        _freeze(frozen)
         started = time.monotonic()
         _, reward, terminated, _, step = env.step(walkthrough[1])
         waited = time.monotonic() - started
@@ -125,7 +140,7 @@ def test_textworld_express_killed_and_frozen_jvm_restart_mid_episode(caplog, cap
         assert frozen != killed and env.restarts == 1
         _, _, _, _, step = env.step(walkthrough[1])
         assert step["error"] is None
-        os.kill(frozen, signal.SIGSTOP)
+        _freeze(frozen)
         started = time.monotonic()
         _, _, terminated, _, step = env.step(walkthrough[2])
         assert step["error"].kind == "env_crash" and "no answer within" in step["error"].message and not terminated

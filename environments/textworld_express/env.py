@@ -7,7 +7,8 @@ episodes. TWX answers an unparseable command with "Unknown action: ...", which b
 `invalid_action` StepError; the episode goes on, as in the benchmark.
 
 A JVM that dies or stops answering is never fatal (`agentgym_opd.jvm`): every call has a timeout
-(`step_timeout_s`), a failed call kills what is left of the JVM and starts a fresh one (one log line), and
+(`step_timeout_s` for a step, `load_timeout_s` for generating a game and replaying an episode), a failed
+call kills what is left of the JVM and starts a fresh one (one log line), and
 the step is an `env_crash` after which the episode goes on from the same state (the game is regenerated
 from its seed and the episode's actions replayed: TWX is deterministic). On `reset`, the fresh JVM starts
 the new episode and `info["error"]` reports the `env_crash`.
@@ -50,16 +51,18 @@ class TextWorldExpressTextEnv(TextEnv):
         max_tasks: int | None = 100,
         max_turns: int = 100,
         step_timeout_s: float = 30.0,
+        load_timeout_s: float = 120.0,
         env_id: str | None = None,
         **kwargs,
     ):
         if split not in _FOLDS:
             raise ValueError(f"split must be one of {sorted(_FOLDS)}, got {split!r}")
-        if not step_timeout_s > 0:
-            raise ValueError(f"step_timeout_s must be > 0 seconds, got {step_timeout_s}")
+        if not (step_timeout_s > 0 and load_timeout_s > 0):
+            raise ValueError(f"step_timeout_s and load_timeout_s must be > 0 seconds, got {step_timeout_s}, "
+                             f"{load_timeout_s}")
         super().__init__(split, max_turns=max_turns, env_id=env_id or f"textworld_express/{game}", **kwargs)
         self._engine_cls = _load_engine_class()
-        self.step_timeout_s = float(step_timeout_s)
+        self.step_timeout_s, self.load_timeout_s = float(step_timeout_s), float(load_timeout_s)
         self.restarts = 0
         self._reset_crash: str | None = None
         self._history: list[str] = []
@@ -84,10 +87,14 @@ class TextWorldExpressTextEnv(TextEnv):
     def _call(self, where: str, call: Callable[[], Any]) -> Any:
         """``call()`` against the engine; a JVM failure restarts it (one log line) and retries once.
 
-        ``call`` must look the engine up when it runs (``self.engine``), since a retry gets a new one."""
+        These are the calls outside a step (task lists, generating a game, replaying an episode): they get
+        ``load_timeout_s``, since the first calls into a fresh JVM load classes and warm up and are much
+        slower than a step. ``call`` must look the engine up when it runs (``self.engine``), since a retry
+        gets a new one."""
         for attempt in (0, 1):
             try:
-                return jvm.guarded(self.engine, call)
+                with jvm.call_timeout(self.engine, self.load_timeout_s, self.step_timeout_s):
+                    return jvm.guarded(self.engine, call)
             except jvm.JVMFailure as failure:
                 self._fresh_engine(where, str(failure))
                 if attempt:
