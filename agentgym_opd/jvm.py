@@ -26,11 +26,11 @@ import threading
 import time
 from typing import Any, Callable, Iterator, TypeVar
 
-import py4j
-
 logger = logging.getLogger("agentgym_opd.jvm")
 _T = TypeVar("_T")
-_PY4J_DIR = os.path.dirname(py4j.__file__)
+# py4j's own source files, matched by path so that importing this module needs no py4j (the envs that
+# use it say how to install their simulator when it is missing)
+_PY4J_PART = f"{os.sep}py4j{os.sep}"
 _state = threading.local()
 
 
@@ -46,7 +46,7 @@ class _SilencePy4J(logging.Filter):
     Outside guarded calls (another library using py4j) nothing is filtered."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (getattr(_state, "quiet", False) and record.pathname.startswith(_PY4J_DIR))
+        return not (getattr(_state, "quiet", False) and _PY4J_PART in record.pathname)
 
 
 _FILTER = _SilencePy4J()
