@@ -253,6 +253,10 @@ def test_lopd_step_is_reverse_kl_on_student_top_m_with_tail_plus_the_margin_term
     def bank(algo):
         algo.work_dir = None
         algo.remember(batch.episodes)  # rows 0 and 3 succeeded: each row retrieves another row's success
+        generator = torch.Generator().manual_seed(3)
+        with torch.no_grad():  # move the frozen teacher away from the student, so KL's direction shows
+            for p in algo.frozen_teacher.parameters():
+                p.add_(torch.randn(p.shape, generator=generator) * 0.05)
 
     gaps = {}
 
