@@ -19,7 +19,8 @@ from typing import Any, Sequence
 
 import torch
 
-from agentgym_opd.algorithm import Algorithm, BatchState, Step, sequence_logprobs, weighted_sum
+from agentgym_opd.algorithm import (Algorithm, BatchState, LossTerm, Step, agent_mask, fit_width, sequence_logprobs,
+                                    weighted_sum)
 from agentgym_opd.config import constrained
 from agentgym_opd.distill import privileged_text
 from agentgym_opd.policy.base import Generation, SamplingParams
@@ -128,8 +129,15 @@ class SFT(Algorithm):
         return expert_batch(self.student, envs[0], tasks, engine_template=engine, seed=seed,
                             context_fraction=self.config.context_fraction)
 
+    def token_weights(self, batch: RolloutBatch, state: BatchState, step: Step) -> dict[str, LossTerm]:
+        mask = agent_mask(batch)  # "episodes" only weighs a metric: each expert episode once
+        return {"loss": LossTerm(mask, self.config.aggregation), "episodes": LossTerm(mask, "seq_mean_token_mean")}
+
     def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: BatchState,
                      step: Step) -> tuple[torch.Tensor, dict[str, float]]:
         logp, mask = sequence_logprobs(self.model, batch, rows)
         nll = weighted_sum(-logp, coef["loss"])
-        return nll, {"nll": float(nll.detach()), "expert_logprob": float(weighted_sum(logp.detach(), coef["loss"]))}
+        per_episode = (logp.detach() * mask).sum(dim=1)
+        episode_share = fit_width(coef["episodes"], logp).sum(dim=1)
+        return nll, {"nll": float(nll.detach()), "expert_logprob_per_episode": float((per_episode * episode_share).sum()),
+                     "expert_tokens": float(mask.sum())}
