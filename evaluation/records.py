@@ -16,6 +16,7 @@ A record is a JSON object. Schema version 1:
 | `wall_time_s` | float >= 0 | evaluation wall time |
 | `created` | str | ISO-8601 time the record was written |
 | `curve` | optional list of {"rollouts": int, "success_rate": float} | training curve (success against rollout budget) |
+| `training` | optional {name: number} | diagnostics of the training run behind the record: `judge_defaulted_share` (SAGE-OPD: share of judged turns whose verdict was unreadable and defaulted; a warning is printed above `DEFAULTED_WARN_SHARE`) |
 | `protocol` | optional {name: str/number/bool/null} | how it was evaluated (temperature, samples, max_new_tokens, max_turns, backend, action_parser); records with different protocols are different leaderboard rows |
 
 Validation names the first field that is missing or wrong and what it should be, so a record is either
@@ -96,8 +97,29 @@ FIELDS: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "wall_time_s": (True, lambda v: None if _is_number(v) and v >= 0 else f"must be a number >= 0, got {v!r}"),
     "created": (True, _check_created),
     "curve": (False, _check_curve),
+    "training": (False, lambda v: None if isinstance(v, dict) and all(isinstance(k, str) and _is_number(x) for k, x in v.items())
+                 else f"must be an object {{name: number}}, got {v!r}"),
     "protocol": (False, lambda v: _check_protocol(v)),
 }
+
+DEFAULTED_WARN_SHARE = 0.2
+
+
+def training_diagnostics(metrics_lines: list[dict[str, Any]]) -> dict[str, float]:
+    """The record's ``training`` field from a run's ``metrics.jsonl`` rows: the mean of each diagnostic the
+    rows report. Warns when SAGE-OPD's judge defaulted more than ``DEFAULTED_WARN_SHARE`` of its verdicts
+    (its turn weights then say little about the teacher's judgement)."""
+    import warnings
+
+    out: dict[str, float] = {}
+    values = [float(row["judge_defaulted_share"]) for row in metrics_lines if _is_number(row.get("judge_defaulted_share"))]
+    if values:
+        out["judge_defaulted_share"] = sum(values) / len(values)
+        if out["judge_defaulted_share"] > DEFAULTED_WARN_SHARE:
+            warnings.warn(f"the judge defaulted {out['judge_defaulted_share']:.0%} of its verdicts in training "
+                          f"(above {DEFAULTED_WARN_SHARE:.0%}): SAGE-OPD's turn labels were mostly the default",
+                          stacklevel=2)
+    return out
 
 
 def _check_protocol(value: Any) -> str | None:

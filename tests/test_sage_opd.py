@@ -298,3 +298,21 @@ def test_registered_and_runs_from_the_cli_with_a_teacher_checkpoint(setup, tmp_p
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert all(math.isfinite(r["loss"]) and "share_strong" in r and "turns_judged" in r for r in records)
+
+
+def test_the_defaulted_share_goes_into_the_result_record_with_a_warning_above_the_threshold():
+    from evaluation.records import DEFAULTED_WARN_SHARE, training_diagnostics, validate_record
+
+    assert training_diagnostics([{"loss": 1.0}]) == {}  # not SAGE-OPD: nothing to report
+    low = training_diagnostics([{"judge_defaulted_share": 0.0}, {"judge_defaulted_share": 0.1}])
+    assert low == {"judge_defaulted_share": pytest.approx(0.05)}
+    with pytest.warns(UserWarning, match="defaulted 90%"):
+        high = training_diagnostics([{"judge_defaulted_share": 0.8}, {"judge_defaulted_share": 1.0}])
+    assert high["judge_defaulted_share"] > DEFAULTED_WARN_SHARE
+    record = {"schema_version": 1, "env_id": "household/valid_unseen", "split": "valid_unseen",
+              "metrics": {"success_rate": {"mean": 0.5, "stderr": 0.1}}, "n_episodes": 4, "algorithm": "sage_opd",
+              "algorithm_config": {}, "student": "tiny", "teacher": "tiny", "code_revision": "abc", "seed": 0,
+              "wall_time_s": 1.0, "created": "2026-12-03T00:00:00+00:00", "training": high}
+    assert validate_record(record)["training"] == high
+    with pytest.raises(ValueError, match="training"):
+        validate_record({**record, "training": {"judge_defaulted_share": "lots"}})
