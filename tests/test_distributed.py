@@ -48,7 +48,9 @@ CASES = {
     "sage_opd": ("sage_opd", {"judge": "errors_only"}, "grpo"),
     "vpd": ("vpd", {"e_updates": 1, "m_steps_per_e_step": 1}, "grpo"),
     "lopd": ("lopd", {"embedder": "hashing", "top_m": 8, "num_experiences": 1, "beta_init": 0.5,
-                      "experience_max_tokens": 32}, "grpo"),
+                      "experience_max_tokens": 32, "composer_lr": 1.0}, "grpo"),
+    "lopd_lora": ("lopd", {"embedder": "hashing", "top_m": 8, "num_experiences": 1, "beta_init": 0.5,
+                           "experience_max_tokens": 32, "composer_lr": 1.0}, "grpo"),  # a LoRA student, as LOPD's recipe
 }
 SCENARIOS = {
     "ddp/grpo_token_mean": ("grpo_token_mean", "ddp"),
@@ -58,7 +60,14 @@ SCENARIOS = {
     "fsdp/sft": ("sft", "fsdp"),
     **{f"ddp/{case}": (case, "ddp") for case in ("opd", "opsd", "sdpo", "sage_opd", "vpd", "lopd")},
     "fsdp/lopd": ("lopd", "fsdp"),
+    "ddp/lopd_lora": ("lopd_lora", "ddp"),
 }
+
+
+def load_student(model_path, case: str):
+    from agentgym_opd.policy.hf import LoraConfig
+
+    return HFPolicy.from_pretrained(model_path, lora=LoraConfig(r=4, alpha=8) if case.endswith("_lora") else None)
 
 
 def make_algorithm(case: str, student, micro_batch_size: int, teacher_path, bank_dir) -> Algorithm:
@@ -88,7 +97,7 @@ def composer_state(algo) -> dict:
 
 def run_one_process(model_path, case: str, batch, *, micro_batch_size: int, teacher_path=None, bank_dir=None):
     """Reference: 3 steps in this process; returns (losses, grad norms, final state dict, composer state)."""
-    policy = HFPolicy.from_pretrained(model_path)
+    policy = load_student(model_path, case)
     algo = make_algorithm(case, policy, micro_batch_size, teacher_path, bank_dir)
     if hasattr(algo, "remember"):
         algo.remember(batch.episodes)
@@ -110,7 +119,7 @@ def _rank_main(rank: int, port: int, model_path: str, batch_file: str, out_dir: 
     batches = torch.load(batch_file, weights_only=False)
     results = {}
     for scenario, (case, strategy) in SCENARIOS.items():
-        policy = HFPolicy.from_pretrained(model_path)
+        policy = load_student(model_path, case)
         bank_dir = os.path.join(out_dir, f"bank-{scenario.replace('/', '-')}")
         algo = D.distribute_algorithm(make_algorithm(case, policy, 1, teacher_path, bank_dir), strategy, ctx)
         algo.dist = ctx
@@ -209,18 +218,26 @@ def assert_same_weights(got: dict, want: dict) -> float:
     return worst
 
 
-def test_the_batches_make_the_comparison_meaningful(batches, references):
+def test_the_batches_make_the_comparison_meaningful(batches, references, tmp_path):
     """Shards hold different token counts, clipping is active, weights move (every method)."""
     ctx0, ctx1 = D.DistContext(rank=0, world_size=WORLD), D.DistContext(rank=1, world_size=WORLD)
     for name in ("grpo", "sft"):
         tokens = [int(D.shard_batch(batches[name], c).loss_mask[:, 1:].sum()) for c in (ctx0, ctx1)]
         assert tokens[0] != tokens[1] and min(tokens) > 0, tokens
     initial = HFPolicy.from_pretrained(default_tiny_model()).model.state_dict()
+    lora_initial = load_student(default_tiny_model(), "lopd_lora").model.state_dict()
     clipped = [case for case, (_, norms, _, _) in references.items() if max(norms) > GRAD_CLIP]
     assert {"grpo_token_mean", "sft", "opd", "sage_opd", "vpd", "lopd"} <= set(clipped), clipped
     for case, (losses, norms, state, _) in references.items():
-        moved = max(float((state[k] - initial[k]).abs().max()) for k in initial)
-        assert moved > (3e-5 if case == "lopd" else 1e-4), (case, moved)  # LOPD's teacher starts as the student
+        start = lora_initial if case.endswith("_lora") else initial
+        moved = max(float((state[k] - start[k]).abs().max()) for k in start)
+        if not case.startswith("lopd"):
+            assert moved > 1e-4, (case, moved)
+            continue
+        # LOPD's teacher starts as the student, so the student moves little; its composer must move
+        fresh = make_algorithm(case, load_student(default_tiny_model(), case), 1, None, tmp_path / case)
+        composer = references[case][3]
+        assert max(float((composer[k] - v).abs().max()) for k, v in composer_state(fresh).items()) > 1e-3, case
 
 
 @pytest.mark.slow
