@@ -1,24 +1,33 @@
-"""The algorithm interface: one config dataclass and one update step over a batch of episodes.
+"""The algorithm interface: a config dataclass, per-token weights, a loss; the base class owns the step.
 
 Why this shape: the trainer loop (``agentgym_opd.trainer``) must run any registered algorithm, built-in or
-a plugin's, without knowing its knobs. So an algorithm declares
+a plugin's, without knowing its knobs, and two methods must differ only in what their papers say. So an
+algorithm declares
 
 - ``Config``: a dataclass validated from the run config's ``algo`` section (errors name ``algo.<key>``);
 - ``needs_groups`` / ``needs_teacher``: what the trainer must provide (G rollouts per task, a teacher);
-- ``compute_loss(batch, rows)``: the method section of its paper, as a scalar loss plus metrics;
-- optionally ``collect(...)``: where its training data comes from (default: the student's own on-policy
-  rollouts; SFT overrides it with teacher-forced expert episodes).
+- ``prepare(batch)``: per-batch state decided once before any gradient (a judge's verdicts, retrieved
+  experience, a reference's log-probs), returned as a :class:`BatchState`, never kept on the algorithm;
+- ``token_weights(batch, state, step)``: one or more named :class:`LossTerm`s, each a ``[B, T-1]`` weight
+  per token (default: the loss mask) and the aggregation that turns weighted per-token losses into the
+  batch's loss;
+- ``compute_loss(batch, rows, coef, state, step)``: the method section of its paper on ``rows``, as
+  ``sum_t coef[term][t] * loss_term[t]`` (use :func:`weighted_sum`) plus additive metric contributions;
+- optionally ``steps(state)`` (several optimiser steps per batch, e.g. VPD's E- and M-steps) and
+  ``collect(...)`` (where the data comes from).
 
-The base class owns the mechanics every method shares, so each algorithm file shows only what differs:
-micro-batching (each micro-batch's loss is weighted by its share of the batch's rows, so the gradient is
-the same as one big batch for per-sequence losses, and close to it for token means), gradient clipping,
-the optimiser step, and the state (optimiser + ``extra_state``) a checkpoint needs.
+The base class owns the step: the weights are computed once per batch, turned into coefficients with the
+batch-level normaliser of their aggregation (summed over ranks), so summing ``compute_loss`` over any
+split of the rows into micro-batches and ranks gives exactly the batch-level loss and gradient. Then
+backward (``world_size`` times the loss: data-parallel averaging divides by it again), gradient sync of
+trainable parameters outside the wrapped student (LOPD's composer), one clip over every optimiser group,
+the optimiser step and ``after_update``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -29,6 +38,35 @@ from agentgym_opd.rollout import RolloutBatch, RolloutEngine
 @dataclass
 class AlgorithmConfig:
     """No knobs: the base of every algorithm's config dataclass."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One optimiser step of an update: a name a method dispatches on, and a learning-rate multiple."""
+
+    name: str = "update"
+    lr_scale: float = 1.0
+
+
+@dataclass
+class BatchState:
+    """What ``prepare`` decided for one batch; ``metrics`` are logged with the update (rank-averaged)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LossTerm:
+    """Per-token weights ``[B, T-1]`` (shifted coordinates, as :func:`sequence_logits`) of one loss term.
+
+    ``aggregation``: ``token_mean`` (``sum w l / sum w``), ``seq_mean_token_mean`` (mean over rows with
+    weight of each row's ``sum_t w l / sum_t w``) or ``seq_mean_token_sum_norm`` (``sum w l / (B * T)``
+    with ``T`` the batch's width). ``scale`` multiplies the term (a mix weight, a dual variable).
+    """
+
+    weights: torch.Tensor
+    aggregation: str = "token_mean"
+    scale: float = 1.0
 
 
 def sequence_logits(model: Any, batch: RolloutBatch, rows: Sequence[int] | slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -58,8 +96,62 @@ def sequence_logprobs(model: Any, batch: RolloutBatch, rows: Sequence[int] | sli
     return logp, mask
 
 
+def agent_mask(batch: RolloutBatch) -> torch.Tensor:
+    """The batch's loss mask in shifted coordinates ``[B, T-1]`` (1 where ids[t+1] is an agent token)."""
+    return batch.loss_mask[:, 1:].float()
+
+
+def fit_width(coef: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``coef [b, W]`` cut or zero-padded to ``like``'s width and moved to its device (micro-batches drop
+    their all-padding columns; the dropped columns carry weight 0)."""
+    width = like.shape[-1]
+    coef = coef[..., :width] if coef.shape[-1] >= width else torch.nn.functional.pad(coef, (0, width - coef.shape[-1]))
+    return coef.to(device=like.device, dtype=like.dtype)
+
+
+def weighted_sum(per_token: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+    """``sum coef * per_token`` with positions of coefficient 0 exactly 0 (padding may hold NaN)."""
+    coef = fit_width(coef, per_token)
+    return torch.where(coef != 0, per_token * coef, torch.zeros((), dtype=per_token.dtype, device=per_token.device)).sum()
+
+
+def term_normalisers(terms: dict[str, LossTerm], ctx: Any) -> dict[str, float]:
+    """Each term's batch-level normaliser, summed over ranks: ``sum w``, rows with weight, or ``B * T``."""
+    from agentgym_opd import distributed as D
+
+    local, widths = [], []
+    for term in terms.values():
+        w = term.weights.float()
+        local += [float(w.sum()), float((w.sum(dim=1) > 0).sum()), float(w.shape[0])]
+        widths.append(float(w.shape[1]))
+    summed = D.all_reduce_sum_list(local, ctx)
+    widths = D.all_reduce_max_list(widths, ctx)
+    out = {}
+    for k, (name, term) in enumerate(terms.items()):
+        total, rows, batch = summed[3 * k: 3 * k + 3]
+        if term.aggregation == "token_mean":
+            out[name] = total
+        elif term.aggregation == "seq_mean_token_mean":
+            out[name] = rows
+        elif term.aggregation == "seq_mean_token_sum_norm":
+            out[name] = batch * widths[k]
+        else:
+            raise ValueError(f"loss term {name!r}: unknown aggregation {term.aggregation!r}")
+    return out
+
+
+def term_coefficients(term: LossTerm, normaliser: float) -> torch.Tensor:
+    """``[B, T-1]`` coefficients whose sum against a per-token loss is the term's batch-level loss."""
+    w = term.weights.float()
+    if normaliser <= 0:  # no weight anywhere: the term is 0
+        return torch.zeros_like(w)
+    if term.aggregation == "seq_mean_token_mean":
+        w = w / w.sum(dim=1, keepdim=True).clamp(min=1e-30)
+    return w * (term.scale / normaliser)
+
+
 class Algorithm:
-    """Base class of registered algorithms (see the module docstring)."""
+    """Base of registered algorithms (see the module docstring)."""
 
     Config: type = AlgorithmConfig
     needs_groups: bool = False
@@ -92,8 +184,27 @@ class Algorithm:
         self.optimizer = optimizer or torch.optim.AdamW(self.trainable_parameters(), lr=1e-5)
 
     # ------------------------------------------------------------------ what subclasses write
-    def compute_loss(self, batch: RolloutBatch, rows: slice) -> tuple[torch.Tensor, dict[str, float]]:
-        """The method's loss on ``batch[rows]`` (a differentiable scalar) and its detached metrics."""
+    def prepare(self, batch: RolloutBatch) -> BatchState:
+        """Per-batch decisions made once, before micro-batching (default: none)."""
+        return BatchState()
+
+    def steps(self, state: BatchState) -> list[Step]:
+        """The optimiser steps this batch gets (default: one). An empty list skips the update."""
+        return [Step()]
+
+    def begin_step(self, batch: RolloutBatch, state: BatchState, step: Step) -> None:
+        """Called before each step's weights (a method whose weights depend on the current parameters)."""
+
+    def token_weights(self, batch: RolloutBatch, state: BatchState, step: Step) -> dict[str, LossTerm]:
+        """The loss terms' per-token weights. Default: one term, the loss mask, aggregated per config."""
+        aggregation = getattr(self.config, "aggregation", "token_mean")
+        return {"loss": LossTerm(agent_mask(batch), aggregation)}
+
+    def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: BatchState,
+                     step: Step) -> tuple[torch.Tensor, dict[str, float]]:
+        """``rows``' share of the batch loss (``weighted_sum`` of each term against ``coef[term]``) and
+        additive metric contributions (weight a per-token metric by a term's coefficients: the sums over
+        micro-batches are then its batch-level weighted mean)."""
         raise NotImplementedError
 
     def collect(self, engine: RolloutEngine, envs: Sequence[Any], tasks: Sequence[str], *, group_size: int,
@@ -101,8 +212,8 @@ class Algorithm:
         """The batch one update trains on. Default: the current student's own rollouts (on-policy)."""
         return engine.collect(envs, tasks, group_size=group_size, seed=seed)
 
-    def after_update(self) -> None:
-        """Called after each optimiser step (an EMA teacher moves here)."""
+    def after_update(self, metrics: dict[str, float], step: Step) -> None:
+        """Called after each optimiser step with its global metrics (an EMA teacher, a dual variable move here)."""
 
     def extra_state(self) -> dict[str, Any]:
         """Algorithm state beyond the optimiser that a resume needs (an EMA teacher, a dual variable)."""
@@ -123,16 +234,77 @@ class Algorithm:
             raise ValueError("the student has no trainable parameters")
         return params
 
+    def optimised_parameters(self) -> list[torch.nn.Parameter]:
+        """Every parameter of every optimiser group (the student's and, e.g., LOPD's composer)."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def coefficients(self, batch: RolloutBatch, state: BatchState, step: Step) -> dict[str, torch.Tensor]:
+        terms = self.token_weights(batch, state, step)
+        norms = term_normalisers(terms, self.dist)
+        return {name: term_coefficients(term, norms[name]) for name, term in terms.items()}
+
+    def loss(self, batch: RolloutBatch, state: BatchState | None = None, step: Step | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """The batch-level loss and metrics in one pass, without an optimiser step (for inspection)."""
+        state = self.prepare(batch) if state is None else state
+        step = step or self.steps(state)[0]
+        self.begin_step(batch, state, step)
+        coef = self.coefficients(batch, state, step)
+        return self.compute_loss(batch, slice(0, len(batch)), coef, state, step)
+
     def update(self, batch: RolloutBatch) -> dict[str, float]:
-        """One optimiser step on ``batch``; returns the metrics averaged over micro-batches like the loss.
+        """All of this batch's optimiser steps; returns the global metrics of the last step of each kind."""
+        from agentgym_opd import distributed as D
 
-        Micro-batch ``m`` of a token-mean loss is weighted by its share of the batch's loss tokens (of the
-        rows, for per-sequence aggregations), so the step is the full batch's gradient whatever
-        ``micro_batch_size`` is, and, under torchrun (``self.dist`` set by the Trainer), the global batch's
-        across ranks: :func:`agentgym_opd.distributed.distributed_update` is the one implementation."""
-        from agentgym_opd.distributed import distributed_update
+        if len(batch) == 0:
+            raise ValueError("update: empty batch")
+        state = self.prepare(batch)
+        metrics: dict[str, float] = D.all_reduce_mean(state.metrics, self.dist) if state.metrics else {}
+        for step in self.steps(state):
+            self.begin_step(batch, state, step)
+            step_metrics = self.optimizer_step(batch, state, step)
+            self.after_update(step_metrics, step)
+            metrics.update(step_metrics)
+        return metrics
 
-        return distributed_update(self, batch, self.dist)
+    def optimizer_step(self, batch: RolloutBatch, state: BatchState, step: Step) -> dict[str, float]:
+        """One step: coefficients once, micro-batched backward, sync, clip every group, optimiser step."""
+        from agentgym_opd import distributed as D
+
+        ctx = self.dist
+        coef = self.coefficients(batch, state, step)
+        total = len(batch)
+        chunks = [slice(s, min(s + self.micro_batch_size, total)) for s in range(0, total, self.micro_batch_size)]
+        model = self.model
+        model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {"loss": 0.0}
+        for index, rows in enumerate(chunks):
+            with D.gradient_sync(model, index == len(chunks) - 1):
+                loss, parts = self.compute_loss(batch, rows, {k: v[rows] for k, v in coef.items()}, state, step)
+                finite = D.all_reduce_sum(float(bool(torch.isfinite(loss.detach()).all())), ctx)
+                if finite < ctx.world_size:
+                    raise FloatingPointError(f"{type(self).__name__}: non-finite loss on {ctx.world_size - int(finite)}"
+                                             f" rank(s) (this rank: {float(loss)}, metrics {parts})")
+                (loss * ctx.world_size).backward()
+            sums["loss"] += float(loss.detach())
+            for key, value in parts.items():
+                sums[key] = sums.get(key, 0.0) + float(value)
+        D.finish_gradient_sync(model)
+        D.sync_extra_gradients(self.optimised_parameters(), model, ctx)
+        summed = D.all_reduce_sum_list([sums[k] for k in sorted(sums)], ctx)
+        metrics = dict(zip(sorted(sums), summed))
+        if self.grad_clip is not None:
+            metrics["grad_norm"] = D.clip_grad_norm(self.optimised_parameters(), self.grad_clip)
+        lrs = [group["lr"] for group in self.optimizer.param_groups]
+        try:
+            for group in self.optimizer.param_groups:
+                group["lr"] = group["lr"] * step.lr_scale
+            self.optimizer.step()
+        finally:  # the next step (and the trainer's scheduler) see the learning rate as it was
+            for group, lr in zip(self.optimizer.param_groups, lrs):
+                group["lr"] = lr
+        model.eval()
+        return metrics
 
     def state_dict(self) -> dict[str, Any]:
         return {"config": dataclasses.asdict(self.config), "optimizer": self.optimizer.state_dict(),

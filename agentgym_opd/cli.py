@@ -114,7 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_play)
 
     for ep in sorted(metadata.entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
-        module = ep.load()
+        try:
+            module = ep.load()
+        except ImportError as err:  # a stale or broken plugin command must not take the other commands down
+            print(f"(command {ep.name!r} from {ep.value} failed to load: {err}; reinstall the package)", file=sys.stderr)
+            continue
         p = sub.add_parser(ep.name, help=getattr(module, "HELP", ""))
         module.add_arguments(p)
         p.set_defaults(func=module.run)

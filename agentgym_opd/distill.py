@@ -22,15 +22,15 @@ feedback and a successful sibling, retrieved experience). The mechanics are the 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
-from agentgym_opd.algorithm import Algorithm, sequence_logits
+from agentgym_opd.algorithm import (Algorithm, BatchState, LossTerm, Step, agent_mask, sequence_logits,
+                                    weighted_sum)
 from agentgym_opd.config import constrained
-from agentgym_opd.losses import (aggregate_token_loss, full_vocab_divergence, sampled_token_surrogate,
-                                 token_logprobs, topm_distillation)
+from agentgym_opd.losses import full_vocab_divergence, sampled_token_surrogate, token_logprobs, topm_distillation
 from agentgym_opd.rollout import RolloutBatch
 from agentgym_opd.types import Episode, Task
 
@@ -82,7 +82,7 @@ def episode_actions(episode: Episode) -> list[str]:
 
 def teacher_prefix(policy: Any, episode: Episode, context: str | None) -> list[int]:
     """Chat-template ids of the student's first prompt with ``context`` appended to its first user message."""
-    messages = [dict(m) for m in episode.metadata["first_prompt"]]
+    messages = [dict(m) for m in episode.first_prompt]
     if context:
         messages[-1]["content"] = f"{messages[-1]['content']}\n\n{context}"
     return list(policy.apply_chat_template(messages, add_generation_prompt=True))
@@ -108,7 +108,7 @@ def teacher_inputs(batch: RolloutBatch, rows: slice, prefixes: Sequence[list[int
         episode = batch.episodes[row]
         length = int(batch.attention_mask[row].sum())
         ids = batch.input_ids[row, :length].tolist()
-        prompt_length = int(episode.metadata["prompt_length"])
+        prompt_length = int(episode.prompt_length or 0)
         prefix = prefixes[k]
         if prefix is None:
             prefix = ids[:prompt_length]
@@ -242,12 +242,34 @@ class SelfTeacher:
 # ----------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class DistillState(BatchState):
+    """Per batch: each row's teacher context (``None``: the row has nothing to learn from)."""
+
+    contexts: list[str | None] = field(default_factory=list)
+
+
+def successful_sibling(batch: RolloutBatch, row: int) -> int | None:
+    """Another row of the same task that succeeded (the highest-return one), or None; never the row itself.
+
+    Siblings are matched by task id, so they are found in the trainer's groups and in batches a method
+    regrouped itself (VPD's sibling mode)."""
+    task_id = batch.episodes[row].task.id
+    best = None
+    for other, episode in enumerate(batch.episodes):
+        if other != row and episode.task.id == task_id and episode.success:
+            if best is None or episode.return_ > batch.episodes[best].return_:
+                best = other
+    return best
+
+
 class DistillationAlgorithm(Algorithm):
     """Base of the OPD family: a subclass says what the teacher is and what context it sees per episode.
 
     Subclasses implement :meth:`teacher_context` (the extra text for one episode, ``""`` for none, or
-    ``None`` to mask the episode out) and :meth:`teacher_logits`; :meth:`compute_loss` does the rest.
-    ``config`` must extend :class:`DistillConfig`.
+    ``None`` to mask the episode out) and :meth:`teacher_logits`. The contexts are decided once per batch
+    in :meth:`prepare`; the per-token weights are the agent tokens of kept rows; the loss is the
+    configured divergence (``config`` extends :class:`DistillConfig`).
     """
 
     def teacher_context(self, batch: RolloutBatch, row: int) -> str | None:
@@ -261,34 +283,44 @@ class DistillationAlgorithm(Algorithm):
         """Whose chat template renders the teacher's prefix (the student's, for a self-teacher)."""
         return self.student
 
-    def teacher_view(self, batch: RolloutBatch, rows: slice) -> tuple[TeacherInputs, torch.Tensor]:
-        """The teacher's inputs for ``rows`` and a per-row keep mask (0 where the context is None)."""
-        prefixes, keep = [], []
-        for row in range(rows.start, rows.stop):
-            context = self.teacher_context(batch, row)
-            keep.append(context is not None)
-            episode = batch.episodes[row]
-            prefixes.append(teacher_prefix(self.teacher_policy, episode, context) if context else None)
-        pad = int(getattr(self.student.tokenizer, "pad_token_id", 0) or 0)
-        return teacher_inputs(batch, rows, prefixes, pad), torch.tensor(keep, dtype=torch.float32)
+    def prepare(self, batch: RolloutBatch) -> DistillState:
+        contexts = [self.teacher_context(batch, row) for row in range(len(batch))]
+        masked = sum(c is None for c in contexts) / max(len(contexts), 1)
+        return DistillState(metrics={"masked_fraction": masked}, contexts=contexts)
 
-    def distillation_terms(self, batch: RolloutBatch, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def kept_rows(self, state: DistillState) -> torch.Tensor:
+        return torch.tensor([c is not None for c in state.contexts], dtype=torch.float32)
+
+    def token_weights(self, batch: RolloutBatch, state: DistillState, step: Step) -> dict[str, LossTerm]:
+        return {"distill": LossTerm(agent_mask(batch) * self.kept_rows(state)[:, None], self.config.aggregation)}
+
+    def teacher_view(self, batch: RolloutBatch, rows: slice, state: DistillState) -> TeacherInputs:
+        """The teacher's inputs for ``rows`` (a masked row keeps the student's own prompt: weight 0 anyway)."""
+        prefixes = [teacher_prefix(self.teacher_policy, batch.episodes[row], state.contexts[row])
+                    if state.contexts[row] else None for row in range(rows.start, rows.stop)]
+        pad = int(getattr(self.student.tokenizer, "pad_token_id", 0) or 0)
+        return teacher_inputs(batch, rows, prefixes, pad)
+
+    def distillation_terms(self, batch: RolloutBatch, rows: slice, state: DistillState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(per_token_loss, mask, student_logits, teacher_logits, student_logp)`` for ``rows``; masked rows zeroed."""
         student_logits, student_logp, mask = sequence_logits(self.model, batch, rows)
-        inputs, keep = self.teacher_view(batch, rows)
-        teacher_logits = self.teacher_logits(inputs, student_logits.shape[1] + 1)
-        mask = mask * keep.to(mask.device)[:, None]
         width = student_logits.shape[1] + 1
+        teacher_logits = self.teacher_logits(self.teacher_view(batch, rows, state), width)
+        mask = mask * self.kept_rows(state)[rows].to(mask.device)[:, None]
         targets = batch.input_ids[rows][:, 1:width].to(student_logits.device)
         per_token = distillation_per_token(student_logits, teacher_logits, targets, mask, self.config)
         return per_token, mask, student_logits, teacher_logits, student_logp
 
-    def compute_loss(self, batch: RolloutBatch, rows: slice) -> tuple[torch.Tensor, dict[str, float]]:
-        per_token, mask, student_logits, teacher_logits, _ = self.distillation_terms(batch, rows)
-        if mask.sum() == 0:  # every row masked: no signal, but keep the graph so backward is well defined
-            return student_logits.sum() * 0.0, {"distill_loss": 0.0, "kl": 0.0, "masked_fraction": 1.0}
-        loss = aggregate_token_loss(per_token, mask, self.config.aggregation)  # type: ignore[arg-type]
-        kl = reverse_kl_per_token(student_logits, teacher_logits, mask)
-        rows_kept = float((mask.sum(dim=1) > 0).float().mean())
-        return loss, {"distill_loss": float(loss.detach()), "kl": float((kl.sum() / mask.sum()).detach()),
-                      "masked_fraction": 1.0 - rows_kept}
+    def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: DistillState,
+                     step: Step) -> tuple[torch.Tensor, dict[str, float]]:
+        per_token, mask, student_logits, teacher_logits, _ = self.distillation_terms(batch, rows, state)
+        loss = weighted_sum(per_token, coef["distill"])
+        return loss, distill_metrics(loss, student_logits, teacher_logits, mask, coef["distill"])
+
+
+def distill_metrics(loss: torch.Tensor, student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                    mask: torch.Tensor, coef: torch.Tensor) -> dict[str, float]:
+    """The metric contributions every OPD-family method logs: its distillation loss, and the exact reverse
+    KL(student || teacher) weighted like the loss (comparable across methods)."""
+    kl = reverse_kl_per_token(student_logits, teacher_logits, mask)
+    return {"distill_loss": float(loss.detach()), "kl": float(weighted_sum(kl, coef))}

@@ -1,4 +1,4 @@
-"""Data-parallel training through ``torch.distributed``: DDP or FSDP2 around the student, CPU (gloo) or CUDA (nccl).
+"""Data-parallel training through ``torch.distributed``: process groups, DDP/FSDP2 wrapping, gradient sync.
 
 Why this module is small: the design card says "beyond one machine: existing engines only", so everything
 here is plain ``torch.distributed`` (process group, ``DistributedDataParallel``, FSDP2 ``fully_shard``,
@@ -6,62 +6,17 @@ here is plain ``torch.distributed`` (process group, ``DistributedDataParallel``,
 RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT variables torchrun does, which is all we read,
 and its ``Accelerator`` would take over the optimiser and the loss scaling that :class:`Algorithm` owns.
 
-The one subtle point is the loss scale. ``Algorithm.update`` weights each micro-batch by its share of the
-*local* batch's rows, and DDP / FSDP average gradients over ranks. With equal local batch sizes (which
-:func:`shard_rows` enforces) that gives exactly the one-process gradient of the global batch for
-per-sequence aggregations (``seq_mean_token_mean``, ``seq_mean_token_sum_norm`` with a fixed ``max_len``).
-It does NOT for ``token_mean`` (the default of GRPO and SFT): rank r's loss is ``S_r / C_r`` (its token-loss
-sum over its token count), so the averaged gradient is ``mean_r S_r / C_r``, not ``sum_r S_r / sum_r C_r``.
-The two differ whenever ranks hold different token counts, i.e. almost always with multi-turn episodes
-(the same is true of micro-batches inside one process). :func:`distributed_update` is ``Algorithm.update``
-with the right weights: micro-batch ``m`` of a token-mean loss gets ``W * C_m / C_global`` (one all-reduce of
-the token count per step), a per-sequence loss ``W * rows_m / rows_global``; ``W`` cancels the ranks'
-gradient averaging. The result is exact for any world size and any micro-batch size
-(``tests/test_distributed.py`` checks 1 vs 2 processes, DDP and FSDP, to 1e-5).
+The update step itself lives in :meth:`agentgym_opd.algorithm.Algorithm.update`; this module gives it the
+collectives it needs: sums and maxima over ranks (the batch-level normalisers of the loss terms), DDP's
+``no_sync`` / FSDP2's sync flag per micro-batch, an all-reduce for trainable parameters outside the wrapped
+student (LOPD's composer), and one gradient-norm clip over every optimiser group (DTensor and plain
+gradients together).
 
-NOTES (decisions, for the lead)
--------------------------------
-- FSDP: FSDP2 (``torch.distributed.fsdp.fully_shard``) works on CPU with gloo in torch 2.13 (forward,
-  backward, ``clip_grad_norm_`` on DTensor grads, full state dict gather), so there is no FSDP1 path. Each
-  block named in the HF model's ``_no_split_modules`` (``LlamaDecoderLayer``...) is its own FSDP unit, then
-  the root (embeddings, tied LM head, final norm).
-- ``wrap_model`` with world size 1 returns the model untouched for every strategy, so one script runs under
-  plain ``python`` and under torchrun.
-- DDP is built with ``broadcast_buffers=False`` (HF rotary buffers are constants; a buffer broadcast in
-  every forward would be a collective inside generation, where ranks run different numbers of forwards),
-  and a deep copy of the wrapper is a deep copy of the bare module (a frozen GRPO/LOPD reference or an
-  EMA teacher takes no gradients, so it needs no wrapper).
-- The student the Algorithm sees is :class:`WrappedStudent`: the policy with ``.model`` replaced by the
-  wrapped network; rollouts keep using the policy's own, unwrapped ``.model`` (same parameters under DDP).
-  :func:`distribute_algorithm` wraps an ALREADY CONSTRUCTED algorithm, because algorithms deep-copy the
-  bare network in ``__init__`` (frozen references, EMA teachers) and FSDP modules refuse ``deepcopy``.
-- ``loss_weighting``: ``tokens`` when ``algorithm.config.aggregation == "token_mean"`` (or absent), else
-  ``rows``. Token counts are the loss-mask tokens of each micro-batch, exact for GRPO/SFT/OPD-style token
-  means; an algorithm whose denominator differs may define ``loss_token_count(batch, rows)``.
-- Measured (tests/test_distributed.py, tiny model, 3 SGD steps, grad clip active): DDP and FSDP2 on 2 gloo
-  ranks match one process to < 1e-5 in losses and weights; the plain ``Algorithm.update`` under DDP with
-  GRPO token_mean is off by 1.3e-3 in the step-2 loss and 5.6e-4 in weights (shards of 32 vs 48 tokens).
-  ``agentgym-opd train`` under torchrun x2 (SFT, 3 steps, per-rank rollouts) matches one process in losses
-  and final weights for DDP and FSDP2 (tests/test_distributed.py).
-
-How the Trainer uses it (``agentgym_opd/trainer.py``; run ``torchrun --nproc_per_node N -m agentgym_opd.cli
-train ... train.strategy=ddp|fsdp``): ``init_distributed`` before the student loads; the algorithm is built as
-for one process, then ``distribute_algorithm``; each step every rank draws the same task list and collects
-its ``shard_tasks`` share (seeded by its first global row), ``distributed_update`` steps, metrics are
-``all_reduce_mean``-ed, rank 0 logs, evaluates and saves (``full_state_dict`` under FSDP, a collective);
-under FSDP rollouts and eval use an unsharded copy refreshed after every update.
-- ``shard_batch`` refuses a shard boundary that cuts a group of rollouts (GRPO's advantages are
-  normalised within a group, so a split group would silently change them).
-- Non-finite losses are detected collectively (one tiny all-reduce per micro-batch), so every rank raises
-  instead of one raising and the others hanging in the gradient all-reduce.
-
-What remains (not done here)
-----------------------------
-- Optimiser state of an FSDP run is sharded (DTensors): the Trainer refuses to resume an FSDP run;
-  checkpointing it needs ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``.
-- The unsharded rollout copy under FSDP costs one full model per rank: fine for rollouts on a 0.6-8B
-  student; beyond that rollouts belong to the vLLM backend with weight sync.
-- Not tried on CUDA/nccl (no GPU here); the code paths are the standard ones (device_ids, set_device).
+Decisions: FSDP2 units are the blocks in the HF model's ``_no_split_modules`` then the root; ``wrap_model``
+with world size 1 returns the model untouched, so one script runs under ``python`` and torchrun; DDP uses
+``broadcast_buffers=False`` (rotary buffers are constants, and a broadcast in every forward would be a
+collective inside generation); :func:`distribute_algorithm` wraps an already constructed algorithm, because
+algorithms deep-copy the bare network in ``__init__`` and FSDP modules refuse ``deepcopy``.
 """
 
 from __future__ import annotations
@@ -268,16 +223,28 @@ def distribute_algorithm(algorithm: Any, strategy: str, ctx: DistContext) -> Any
                            "update and before loading a checkpoint's optimiser state)")
     bare = algorithm.model
     names = {id(p): n for n, p in bare.named_parameters()}
-    groups = [({k: v for k, v in g.items() if k != "params"}, [names[id(p)] for p in g["params"]])
+    # a group entry is the student's parameter name, or the parameter itself when it lives outside the
+    # student (LOPD's composer): those stay as they are and are synced by `sync_extra_gradients`
+    groups = [({k: v for k, v in g.items() if k != "params"}, [names.get(id(p), p) for p in g["params"]])
               for g in optimizer.param_groups]
     policy = algorithm.student
     wrapped = wrap_model(bare, strategy, ctx)
     params = dict(unwrap_model(wrapped).named_parameters())
-    if any(id(params[n]) not in names for _, group_names in groups for n in group_names):  # FSDP2: new tensors
+
+    def resolve(entry: Any) -> Any:
+        return params[entry] if isinstance(entry, str) else entry
+
+    if any(resolve(e) is not e and id(resolve(e)) not in names for _, entries in groups for e in entries
+           if isinstance(e, str)):  # FSDP2: new tensors
         accepted = inspect.signature(type(optimizer)).parameters
         defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-        algorithm.optimizer = type(optimizer)([{**hyper, "params": [params[n] for n in group_names]}
-                                               for hyper, group_names in groups], **defaults)
+        algorithm.optimizer = type(optimizer)([{**hyper, "params": [resolve(e) for e in entries]}
+                                               for hyper, entries in groups], **defaults)
+    with torch.no_grad():  # replicas outside the wrapper start equal on every rank, as DDP's own do
+        for _, entries in groups:
+            for entry in entries:
+                if not isinstance(entry, str):
+                    dist.broadcast(entry.data, src=0)
     algorithm.student = WrappedStudent(policy, wrapped)
     return algorithm
 
@@ -365,48 +332,39 @@ def all_reduce_mean(metrics: Mapping[str, float], ctx: DistContext) -> dict[str,
     return {k: float(v) / ctx.world_size for k, v in zip(keys, t.tolist())}
 
 
-def loss_tokens(batch: Any, rows: slice | None = None) -> int:
-    """Loss-carrying positions of ``batch[rows]`` as ``sequence_logits`` counts them (mask shifted by one)."""
-    mask = batch.loss_mask if rows is None else batch.loss_mask[rows]
-    return int(mask[:, 1:].sum())
+def all_reduce_sum_list(values: Sequence[float], ctx: DistContext) -> list[float]:
+    """Element-wise sums of a list of numbers over ranks (one collective)."""
+    if not ctx.enabled or not values:
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return [float(v) for v in t.tolist()]
+
+
+def all_reduce_max_list(values: Sequence[float], ctx: DistContext) -> list[float]:
+    """Element-wise maxima of a list of numbers over ranks (one collective)."""
+    if not ctx.enabled or not values:
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [float(v) for v in t.tolist()]
+
+
+def all_gather_floats(values: Sequence[float], ctx: DistContext) -> list[float]:
+    """Every rank's list of numbers, concatenated in rank order (lists may differ in length)."""
+    if not ctx.enabled:
+        return [float(v) for v in values]
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, [float(v) for v in values])
+    return [v for part in gathered for v in part]
 
 
 # ----------------------------------------------------------------------------------------------------
-# The exact data-parallel update
+# Gradient sync and clipping for Algorithm.update
 # ----------------------------------------------------------------------------------------------------
 
 
-def micro_batch_weights(batch: Any, micro_batch_size: int, ctx: DistContext, weighting: str,
-                        count_tokens: Any = None) -> list[tuple[slice, float]]:
-    """``(rows, weight)`` per micro-batch such that the rank-averaged gradient is the global batch's.
-
-    ``weighting="tokens"`` (token-mean losses): ``W * C_m / C_global``; ``"rows"`` (per-sequence losses):
-    ``W * rows_m / rows_global``. With one process and one micro-batch both are 1. ``C_m`` is
-    ``count_tokens(batch, rows)`` (default :func:`loss_tokens`): an algorithm whose token mean divides by
-    something else (SDPO drops samples, SAGE-OPD weights turns) passes its own denominator.
-    """
-    count_tokens = count_tokens or loss_tokens
-    total = len(batch)
-    slices = [slice(s, min(s + micro_batch_size, total)) for s in range(0, total, micro_batch_size)]
-    if weighting == "rows":
-        global_rows = all_reduce_sum(total, ctx)
-        return [(r, ctx.world_size * (r.stop - r.start) / global_rows) for r in slices]
-    if weighting == "tokens":
-        counts = [float(count_tokens(batch, r)) for r in slices]
-        global_tokens = all_reduce_sum(sum(counts), ctx)
-        if global_tokens == 0:  # no loss tokens anywhere: the loss is 0 everywhere, any weights do
-            return [(r, ctx.world_size * (r.stop - r.start) / all_reduce_sum(total, ctx)) for r in slices]
-        return [(r, ctx.world_size * c / global_tokens) for r, c in zip(slices, counts)]
-    raise ValueError(f"unknown weighting {weighting!r}; expected 'tokens' or 'rows'")
-
-
-def loss_weighting(algorithm: Any) -> str:
-    """``tokens`` for an algorithm whose loss is a token mean over its rows, else ``rows``."""
-    aggregation = getattr(getattr(algorithm, "config", None), "aggregation", "token_mean")
-    return "tokens" if aggregation == "token_mean" else "rows"
-
-
-def _set_gradient_sync(model: torch.nn.Module, enabled: bool) -> Any:
+def gradient_sync(model: torch.nn.Module, enabled: bool) -> Any:
     """A context for one micro-batch's backward: DDP's ``no_sync`` / FSDP2's sync flag on all but the last."""
     import contextlib
 
@@ -417,44 +375,50 @@ def _set_gradient_sync(model: torch.nn.Module, enabled: bool) -> Any:
     return contextlib.nullcontext()
 
 
-def distributed_update(algorithm: Any, batch: Any, ctx: DistContext, *, weighting: str = "auto") -> dict[str, float]:
-    """``Algorithm.update`` on this rank's shard, weighted so the step equals the one-process global step.
-
-    Returns the GLOBAL metrics (identical on every rank): each micro-batch's metrics weighted like its loss,
-    then averaged over ranks, so ``loss`` is the global batch's loss. ``weighting="auto"`` picks
-    :func:`loss_weighting`; an algorithm may define ``loss_token_count(batch, rows)``, the denominator of
-    its token mean on those rows, to make the weighting exact for it. All ranks must call this together,
-    with equally sized shards.
-    """
-    if len(batch) == 0:
-        raise ValueError("distributed_update: empty batch")
-    mode = loss_weighting(algorithm) if weighting == "auto" else weighting
-    plan = micro_batch_weights(batch, algorithm.micro_batch_size, ctx, mode,
-                               count_tokens=getattr(algorithm, "loss_token_count", None))
-    model = algorithm.model
-    model.train()
-    algorithm.optimizer.zero_grad(set_to_none=True)
-    sums: dict[str, float] = {}
-    for index, (rows, weight) in enumerate(plan):
-        with _set_gradient_sync(model, index == len(plan) - 1):  # DDP decides at forward time: wrap both
-            loss, metrics = algorithm.compute_loss(batch, rows)
-            finite = all_reduce_sum(float(bool(torch.isfinite(loss.detach()).all())), ctx)
-            if finite < ctx.world_size:
-                raise FloatingPointError(f"{type(algorithm).__name__}: non-finite loss on {ctx.world_size - int(finite)}"
-                                         f" rank(s) (this rank: {float(loss)}, metrics {metrics})")
-            (loss * weight).backward()
-        for key, value in {"loss": float(loss.detach()), **metrics}.items():
-            sums[key] = sums.get(key, 0.0) + weight * float(value)
+def finish_gradient_sync(model: torch.nn.Module) -> None:
+    """Leave FSDP2's gradient sync on after the micro-batches (its default)."""
     if is_fsdp(model):
         model.set_requires_gradient_sync(True)
-    sums = all_reduce_mean(sums, ctx)
-    if algorithm.grad_clip is not None:
-        norm = torch.nn.utils.clip_grad_norm_(algorithm.trainable_parameters(), algorithm.grad_clip)
-        sums["grad_norm"] = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    algorithm.optimizer.step()
-    algorithm.after_update()
-    model.eval()
-    return sums
+
+
+def sync_extra_gradients(params: Sequence[torch.nn.Parameter], model: torch.nn.Module, ctx: DistContext) -> None:
+    """Average over ranks the gradients of trainable parameters the DDP/FSDP wrapper does not own.
+
+    LOPD's composer trains with the student but lives outside its network; without this each rank would
+    step it with its own shard's gradient and the replicas would drift apart."""
+    if not ctx.enabled:
+        return
+    owned = {id(p) for p in model.parameters()}
+    for param in params:
+        if id(param) in owned:
+            continue
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)  # every rank must join every all-reduce
+        dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)
+        param.grad.div_(ctx.world_size)
+
+
+def clip_grad_norm(params: Sequence[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip the gradients of every parameter (all optimiser groups) to one global norm; returns the norm.
+
+    Plain and DTensor (FSDP2) gradients are normed separately and combined, so a student sharded by FSDP
+    and a replicated composer share one clip."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    squares = 0.0
+    for kind in (True, False):
+        group = [g for g in grads if hasattr(g, "full_tensor") == kind]
+        if group:
+            norm = torch.nn.utils.get_total_norm(group)
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+            squares += float(norm) ** 2
+    total = squares ** 0.5
+    scale = max_norm / (total + 1e-6)
+    if scale < 1.0:
+        for g in grads:
+            g.mul_(scale)
+    return total
 
 
 # ----------------------------------------------------------------------------------------------------

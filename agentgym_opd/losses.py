@@ -288,6 +288,19 @@ def clipped_policy_gradient_loss(
     sampled-token distillation advantage). ``eps_high`` defaults to ``eps_low`` (symmetric); DAPO's
     clip-higher uses a larger ``eps_high``. ``logp_old`` and ``advantages`` are detached.
     """
+    per_token, parts = clipped_policy_gradient_per_token(logp, logp_old, advantages, eps_low=eps_low, eps_high=eps_high)
+    loss = aggregate_token_loss(per_token, mask, aggregation, max_len=max_len)
+    stats = PolicyLossStats(**{name: masked_mean(value, mask) for name, value in parts.items()})
+    return loss, stats
+
+
+def clipped_policy_gradient_per_token(
+    logp: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, *, eps_low: float = 0.2,
+    eps_high: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped surrogate per token ``[B, T]`` (not aggregated), and the detached per-token diagnostics
+    ``clip_fraction`` (1 where the clipped term is active), ``mean_ratio`` (rho) and ``approx_kl``
+    (``logp_old - logp``), for a caller that weights tokens itself."""
     if eps_low < 0 or (eps_high is not None and eps_high < 0):
         raise ValueError(f"clip ranges must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
     eps_high = eps_low if eps_high is None else eps_high
@@ -301,15 +314,10 @@ def clipped_policy_gradient_loss(
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages
     per_token = -torch.minimum(unclipped, clipped)
-    loss = aggregate_token_loss(per_token, mask, aggregation, max_len=max_len)
     with torch.no_grad():
-        clipped_active = (clipped < unclipped).to(per_token.dtype)
-        stats = PolicyLossStats(
-            clip_fraction=masked_mean(clipped_active, mask),
-            mean_ratio=masked_mean(ratio, mask),
-            approx_kl=masked_mean(-log_ratio, mask),
-        )
-    return loss, stats
+        parts = {"clip_fraction": (clipped < unclipped).to(per_token.dtype), "mean_ratio": ratio.detach(),
+                 "approx_kl": -log_ratio.detach()}
+    return per_token, parts
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -484,8 +492,7 @@ def teacher_topm(teacher_logits: torch.Tensor, m: int) -> TopM:
     return TopM(ids=ids, logprobs=values, tail=tail_logprob(values))
 
 
-@torch.no_grad()
-def gather_topm(teacher_logits: torch.Tensor, ids: torch.Tensor) -> TopM:
+def gather_topm(teacher_logits: torch.Tensor, ids: torch.Tensor, *, keep_grad: bool = False) -> TopM:
     """The teacher's log-probs at GIVEN ids (e.g. the student's top-M, SDPO's support) plus its tail.
 
     ``teacher_logits [B, T, V]`` (logits or log-probs) and ``ids [B, T, M]``: the teacher's scoring pass
@@ -493,7 +500,7 @@ def gather_topm(teacher_logits: torch.Tensor, ids: torch.Tensor) -> TopM:
     """
     if teacher_logits.shape[:-1] != ids.shape[:-1]:
         raise ValueError(f"teacher logits {tuple(teacher_logits.shape)} and ids {tuple(ids.shape)} disagree on [B, T]")
-    logits = teacher_logits.detach()
+    logits = teacher_logits if keep_grad else teacher_logits.detach()
     picked = logits.gather(-1, ids.long()) - torch.logsumexp(logits, dim=-1, keepdim=True)
     return TopM(ids=ids.long(), logprobs=picked, tail=tail_logprob(picked))
 
@@ -516,6 +523,7 @@ def topm_divergence(
     beta: float = 0.5,
     jsd_convention: JSDConvention = "trl_gkd",
     clip: float | None = None,
+    teacher_grad: bool = False,
 ) -> torch.Tensor:
     """Per-token divergence on the teacher's ids: student ``[B, T, V]`` logits + teacher :class:`TopM`.
 
@@ -529,7 +537,7 @@ def topm_divergence(
         raise ValueError(
             f"student logits {tuple(student_logits.shape)} and teacher ids {tuple(teacher.ids.shape)} disagree on [B, T]"
         )
-    teacher = teacher.detach()
+    teacher = teacher if teacher_grad else teacher.detach()
     student_m = gathered_logprobs(student_logits, teacher.ids)
     if tail:
         student_support = torch.cat([student_m, tail_logprob(student_m).unsqueeze(-1)], dim=-1)
@@ -553,17 +561,20 @@ def topm_distillation(
     beta: float = 0.5,
     jsd_convention: JSDConvention = "trl_gkd",
     clip: float | None = None,
+    teacher_grad: bool = False,
 ) -> torch.Tensor:
     """Convenience for callers holding both full logits (an in-process self-teacher): build the teacher's
     :class:`TopM` on the chosen ``support`` (``"student"``: the student's top-M, SDPO; ``"teacher"``: the
-    teacher's top-M, OPSD) and call :func:`topm_divergence`."""
+    teacher's top-M, OPSD) and call :func:`topm_divergence`. ``teacher_grad=True`` lets gradients reach
+    the teacher's logits too (LOPD trains its teacher's latent context through them)."""
     if support == "student":
-        record = gather_topm(teacher_logits, student_topm_ids(student_logits, m))
+        record = gather_topm(teacher_logits, student_topm_ids(student_logits, m), keep_grad=teacher_grad)
     elif support == "teacher":
         record = teacher_topm(teacher_logits, m)
     else:
         raise ValueError(f"unknown top-M support {support!r}; expected 'student' or 'teacher'")
-    return topm_divergence(student_logits, record, mask, kind, tail=tail, beta=beta, jsd_convention=jsd_convention, clip=clip)
+    return topm_divergence(student_logits, record, mask, kind, tail=tail, beta=beta, jsd_convention=jsd_convention, clip=clip,
+                           teacher_grad=teacher_grad)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -620,6 +631,13 @@ def bco_implicit_reward(
     return beta * masked_sum(policy_logp - ref_logp.detach(), mask, dim=-1)
 
 
+def bco_row_losses(rewards: torch.Tensor, chosen: torch.Tensor, delta: float | torch.Tensor) -> torch.Tensor:
+    """Per sequence: ``-log sigmoid(r - delta)`` where ``chosen``, ``-log sigmoid(-(r - delta))`` elsewhere
+    (``delta`` detached). The building block of :func:`bco_loss`, for callers that weight sequences."""
+    delta_t = torch.as_tensor(delta, dtype=rewards.dtype, device=rewards.device).detach()
+    return torch.where(chosen.to(rewards.device), -F.logsigmoid(rewards - delta_t), -F.logsigmoid(-(rewards - delta_t)))
+
+
 @dataclass(frozen=True)
 class BCOStats:
     """Detached diagnostics of one BCO loss: mean rewards of each side and the delta used."""
@@ -640,8 +658,8 @@ def bco_loss(
     if chosen_rewards.numel() + rejected_rewards.numel() == 0:
         raise ValueError("bco_loss needs at least one chosen or one rejected sequence")
     delta_t = torch.as_tensor(delta, dtype=chosen_rewards.dtype, device=chosen_rewards.device).detach()
-    chosen_terms = -F.logsigmoid(chosen_rewards - delta_t)
-    rejected_terms = -F.logsigmoid(-(rejected_rewards - delta_t))
+    chosen_terms = bco_row_losses(chosen_rewards, torch.ones_like(chosen_rewards, dtype=torch.bool), delta_t)
+    rejected_terms = bco_row_losses(rejected_rewards, torch.zeros_like(rejected_rewards, dtype=torch.bool), delta_t)
     loss = torch.cat([chosen_terms.reshape(-1), rejected_terms.reshape(-1)]).mean()
     nan = torch.tensor(float("nan"))
     stats = BCOStats(

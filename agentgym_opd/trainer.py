@@ -13,8 +13,8 @@ One step:
 6. every ``train.checkpoint_every`` steps and at the end: a checkpoint.
 
 Distributed (``torchrun --nproc_per_node N -m agentgym_opd.cli train ... train.strategy=ddp|fsdp``): every
-rank draws the same task list, collects its contiguous share, and :func:`agentgym_opd.distributed.
-distributed_update` makes the averaged gradient the global batch's; rank 0 logs, evaluates and saves.
+rank draws the same task list, collects its contiguous share, and :meth:`agentgym_opd.algorithm.
+Algorithm.update` makes the step the global batch's; rank 0 logs, evaluates and saves.
 
 Checkpoint layout (``<output_dir>/checkpoints/step_<N>/``): ``model/`` (``save_pretrained`` of the student
 and its tokenizer: a LoRA student saves its adapter), ``trainer_state.pt`` (trainable weights, optimiser and

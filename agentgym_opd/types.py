@@ -103,7 +103,18 @@ class Episode:
     input_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     turn_index: list[int] = field(default_factory=list)
+    # the chat messages of the first prompt and its token count: where the agent's tokens start, so a
+    # teacher can re-render the prompt with extra context and re-score the very same tokens after it
+    first_prompt: list[dict[str, str]] = field(default_factory=list)
+    prompt_length: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # a producer that still writes these as untyped metadata keys: adopt them into the typed fields
+        if not self.first_prompt and "first_prompt" in self.metadata:
+            self.first_prompt = [dict(m) for m in self.metadata["first_prompt"]]
+        if self.prompt_length is None and "prompt_length" in self.metadata:
+            self.prompt_length = int(self.metadata["prompt_length"])
 
     @property
     def return_(self) -> float:

@@ -18,14 +18,14 @@ reports how much of the batch that was, the first thing to look at when GRPO doe
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from agentgym_opd.algorithm import Algorithm, sequence_logprobs
+from agentgym_opd.algorithm import Algorithm, BatchState, Step, sequence_logprobs, weighted_sum
 from agentgym_opd.config import constrained
-from agentgym_opd.losses import aggregate_token_loss, clipped_policy_gradient_loss, group_advantages, k3_kl
+from agentgym_opd.losses import clipped_policy_gradient_per_token, group_advantages, k3_kl
 from agentgym_opd.rollout import RolloutBatch
 
 
@@ -40,6 +40,13 @@ class GRPOConfig:
     kl_coef: float = constrained(0.0, ge=0, help="weight of the k3 KL to the reference")
     reference: str = constrained("auto", choices=("auto", "adapter_off", "frozen_copy"),
                                  help="KL reference: auto = adapter_off for LoRA students, else frozen_copy")
+
+
+@dataclass
+class GRPOState(BatchState):
+    """The batch's group-normalised advantages, one per row."""
+
+    advantages: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
 
 
 class GRPO(Algorithm):
@@ -67,21 +74,23 @@ class GRPO(Algorithm):
             with self.student.adapter_disabled():
                 return sequence_logprobs(self.model, batch, rows)[0]
 
-    def compute_loss(self, batch: RolloutBatch, rows: slice) -> tuple[torch.Tensor, dict[str, float]]:
+    def prepare(self, batch: RolloutBatch) -> GRPOState:
         advantages = group_advantages(batch.rewards.float(), batch.group_ids, scale_by_std=self.config.scale_by_std)
+        return GRPOState(metrics={"advantage_abs_mean": float(advantages.abs().mean()),
+                                  "zero_advantage_fraction": float((advantages.abs() < 1e-8).float().mean())},
+                         advantages=advantages)
+
+    def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: GRPOState,
+                     step: Step) -> tuple[torch.Tensor, dict[str, float]]:
         logp, mask = sequence_logprobs(self.model, batch, rows)
         logp_old = batch.behaviour_logprobs[rows][:, 1: 1 + logp.shape[1]].to(logp.device)
-        adv = advantages[rows].to(logp.device)
-        pg_loss, stats = clipped_policy_gradient_loss(
-            logp, logp_old, adv, mask, eps_low=self.config.eps_low, eps_high=self.config.eps_high,
-            aggregation=self.config.aggregation)  # type: ignore[arg-type]
-        metrics = {"pg_loss": float(pg_loss.detach()), **stats.as_dict(),
-                   "advantage_abs_mean": float(adv.abs().mean()),
-                   "zero_advantage_fraction": float((adv.abs() < 1e-8).float().mean())}
-        loss = pg_loss
+        per_token, parts = clipped_policy_gradient_per_token(logp, logp_old, state.advantages[rows].to(logp.device),
+                                                             eps_low=self.config.eps_low, eps_high=self.config.eps_high)
+        c = coef["loss"]
+        loss = weighted_sum(per_token, c)
+        metrics = {"pg_loss": float(loss.detach()), **{k: float(weighted_sum(v, c)) for k, v in parts.items()}}
         if self.config.kl_coef > 0:
-            kl = aggregate_token_loss(k3_kl(logp, self._reference_logprobs(batch, rows), mask), mask,
-                                      self.config.aggregation)  # type: ignore[arg-type]
+            kl = weighted_sum(k3_kl(logp, self._reference_logprobs(batch, rows), mask), c)
             loss = loss + self.config.kl_coef * kl
             metrics["kl"] = float(kl.detach())
         return loss, metrics

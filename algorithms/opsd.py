@@ -5,8 +5,8 @@ gold answer, the reference solution) after the first observation, with a short t
 teacher is ``frozen`` (the initial weights: adapter off for LoRA), ``ema`` (a slow copy) or ``live``
 (the current weights), by ``algo.teacher``. Data: the student's own rollouts. Signal: per agent token,
 the divergence between the student (no context) and the self-teacher (with context) on the student's
-exact tokens; OPSD's code uses the teacher's top-M as the support, so that is the default here when
-``algo.top_m > 0``.
+exact tokens; with ``algo.top_m > 0`` the support is the teacher's top-M, renormalised over those M
+entries (no tail bucket), as OPSD's paper and code do.
 
 Why it can work without a stronger model: reading the answer is easier than finding it, so the same
 network with the solution in view is a better policy on the student's own states, and the student
@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from agentgym_opd.algorithm import Step
 from agentgym_opd.config import constrained
 from agentgym_opd.distill import DistillConfig, DistillationAlgorithm, SelfTeacher, TeacherInputs, privileged_text
 from agentgym_opd.rollout import RolloutBatch
@@ -31,6 +32,7 @@ class OPSDConfig(DistillConfig):
     teacher: str = constrained("frozen", choices=("frozen", "ema", "live"), help="which weights the self-teacher uses")
     ema_rate: float = constrained(0.05, gt=0, le=1, help="EMA step for teacher=ema")
     top_m_support: str = constrained("teacher", choices=("student", "teacher"), help="whose top-M ids hold the support")
+    tail: bool = constrained(False, help="top-M: add a remaining-mass bucket (OPSD's paper: no, renormalise over M)")
 
 
 class OPSD(DistillationAlgorithm):
@@ -48,7 +50,7 @@ class OPSD(DistillationAlgorithm):
     def teacher_logits(self, inputs: TeacherInputs, width: int) -> torch.Tensor:
         return self.self_teacher.logits(inputs, width)
 
-    def after_update(self) -> None:
+    def after_update(self, metrics: dict[str, float], step: Step) -> None:
         self.self_teacher.after_update()
 
     def extra_state(self) -> dict[str, Any]:

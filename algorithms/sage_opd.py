@@ -9,14 +9,14 @@ is *which turns* of a multi-turn rollout the student learns from, and how much.
    ``StepError`` of turn k.
 2. **Label** every turn ``z_t`` in {Skip, Weak, Strong}, importance ``i_t`` in {0, alpha, 1}:
 
-   - a turn whose env answer is an execution error (a ``StepError`` of any kind, including the rollout
-     engine's ``parse_error``) is **Strong** at once: the environment has already said it went wrong,
-     so the teacher is not asked;
+   - a turn whose env answer is an execution error of the agent (``invalid_action``, ``parse_error``,
+     ``tool_error``, ``runtime_error``) is **Strong** at once: the environment has already said it went
+     wrong, so the teacher is not asked;
    - every other turn is judged by the **teacher**: its own chat template renders the history up to and
      including the turn's action and the env's answer / feedback, and asks for exactly one of the labels.
      All such turns of the batch go to ONE greedy ``teacher.generate`` call (``algo.judge_max_new_tokens``
-     tokens). The answer is read by :func:`parse_verdict` (case, punctuation, the first label word that
-     occurs, synonyms in :data:`LABEL_SYNONYMS`). An unreadable verdict gets ``algo.default_label``.
+     tokens). The answer is read by :func:`parse_verdict` (after any ``</think>``; case, punctuation, the
+     first label word that occurs). An unreadable verdict gets ``algo.default_label``.
    - ``algo.judge=errors_only`` skips the judge call: non-error turns get ``algo.default_label``
      (a tiny teacher's verdicts are noise; this keeps the error-first selection and the confidence).
 3. **Confidence** ``c_t = (1/|a_t|) sum_i max_v p_T(v | h_t, a_{t,<i})``: the teacher's mean top-1
@@ -27,59 +27,33 @@ is *which turns* of a multi-turn rollout the student learns from, and how much.
    default). ``Z = N / sum_tokens s_turn(token)`` with ``N`` the number of agent tokens: the weighted
    token count then equals standard OPD's, so with ``aggregation=token_mean`` the loss is the
    ``s``-weighted token mean ``sum s*l / sum s`` and a batch of all-Strong, fully confident turns gives
-   exactly OPD's loss. If every weight is 0 (all Skip, or zero confidence) there is no signal: ``Z = 0``
-   and the loss is ``0 * sum(logits)`` (zero, with a graph, so backward and the optimiser step are
-   well defined and move nothing but the weight decay).
+   exactly OPD's loss. The weights and Z are decided for the whole batch before micro-batching (one
+   no-grad teacher pass gives the confidences), so the step does not depend on how the batch is cut.
 
 Why it should help: OPD spends the same gradient on every token, including routine turns where student
 and teacher already agree and turns where the teacher itself is unsure. Weighting the turns that went
 wrong (execution errors first), the ones a teacher calls decisive, and the positions where the teacher is
 confident concentrates the dense signal where it corrects behaviour.
 
-NOTES (decisions where the brief was silent, and what remains)
---------------------------------------------------------------
-- ``default_label = weak`` for unreadable verdicts and, under ``judge=errors_only``, for non-error turns:
-  an unreadable answer is no evidence either way, so the turn is kept at half weight (``alpha``) rather
-  than dropped (Skip, losing signal) or promoted (Strong, trusting noise). With errors_only this makes
-  error turns weigh ``1/alpha`` times a normal turn: the error-first selection without a judge.
-- Label meanings given to the judge: Strong = a mistake or a decisive step the agent must get right;
-  Weak = acceptable but could be better; Skip = correct and routine, nothing to learn.
-- The verdict parser takes the first label word (or synonym, or a word starting with a label such as
-  "strongly") that is not directly preceded by a negation ("not", "no", "never", "isn't"...).
-- The judge sees the first observation and the last ``judge_history_turns`` turns before the judged one
-  (older ones are elided with a count), trimmed further until the prompt fits ``judge_max_prompt_tokens``.
-- Verdicts are computed once per batch (one generate call in :meth:`SAGEOPD.update`, cached by batch
-  identity; a direct ``compute_loss`` call labels its batch on first use). ``Z`` is computed per
-  micro-batch, since the confidence needs the teacher logits that ``compute_loss`` builds per micro-batch;
-  with one micro-batch per step (the usual small-run case) it is the batch-level Z of the formula.
-- ``use_confidence=False`` sets ``c_t = 1`` (an ablation: labels only).
-- Logged per step: ``share_skip/weak/strong`` (of turns), ``turns_judged`` / ``turns_error_forced`` /
-  ``turns_defaulted`` (counts), ``mean_confidence`` (mean c_t over turns), ``normalizer`` (Z), ``kl``
-  (unweighted reverse KL, comparable with OPD's), ``distill_loss``.
-- Measured (household/train, 4 tasks; student = tiny after 15 SFT steps, greedy 0/4; teacher = tiny after
-  100 SFT steps, greedy 4/4; 10 steps, 4 tasks/step, max_turns 10, max_new_tokens 12, AdamW lr 1e-3;
-  seeds 0/1/2): greedy success 0/4 -> 0/4 for both sage_opd and opd on every seed. KL(student||teacher)
-  on the rollouts, step 1 -> step 10: sage_opd 2.79->1.35, 3.00->1.38, 2.79->1.68; opd 2.79->1.54,
-  3.00->1.19, 2.79->1.64 (mean over the 10 steps: 2.11 vs 2.11). No measurable difference: the warm
-  student's turns are ~98% execution errors, so almost every turn is Strong by the error rule and SAGE
-  reduces to OPD times the teacher's confidence (~0.9). The tiny teacher never answers with a label (it
-  replies with actions, e.g. "go to desk 1"), so every judged turn was defaulted to Weak. At lr 3e-3 both
-  methods diverged (seed 0: KL 2.79 -> 3.60 sage_opd, -> 3.97 opd).
-- Remains: a measurement where the method can differ (a warmer student with a mix of error and clean
-  turns, a teacher that can judge, e.g. SmolLM2-135M-Instruct, and a longer budget).
+Decisions: an unreadable verdict gets ``algo.default_label`` (Weak: no evidence either way), and the share
+of such turns is logged (``judge_defaulted_share``) with a warning above ``algo.defaulted_warn_share``;
+faults of the environment (``env_crash``, ``timeout``) are not the agent's error, so those turns are
+judged like clean ones; the judge's chat template is rendered with thinking off
+(``algo.judge_thinking``) and its answer read after any ``</think>``.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
+from agentgym_opd.algorithm import LossTerm, Step, agent_mask
 from agentgym_opd.config import constrained
-from agentgym_opd.distill import reverse_kl_per_token
-from agentgym_opd.losses import aggregate_token_loss
+from agentgym_opd.distill import DistillState
 from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.rollout import RolloutBatch
 from agentgym_opd.types import Episode
@@ -87,13 +61,7 @@ from algorithms.opd import OPD, OPDConfig
 
 LABELS: tuple[str, ...] = ("skip", "weak", "strong")
 
-# Words a judge may use for each label (lower case). Checked in the order they occur in the answer.
-LABEL_SYNONYMS: dict[str, str] = {
-    **{w: "skip" for w in ("skip", "ignore", "none", "fine", "ok", "okay", "correct", "routine", "trivial")},
-    **{w: "weak" for w in ("weak", "minor", "moderate", "medium", "low", "partial", "slight", "somewhat")},
-    **{w: "strong" for w in ("strong", "critical", "major", "high", "severe", "important", "crucial", "decisive",
-                             "wrong", "mistake", "error", "incorrect", "bad")},
-}
+AGENT_ERRORS = frozenset({"invalid_action", "parse_error", "tool_error", "runtime_error"})  # not env faults
 NEGATIONS = frozenset({"not", "no", "never", "isnt", "nor", "without", "t"})  # "t": the tail of isn't, wasn't...
 
 JUDGE_SYSTEM = ("You review one turn of an agent acting in a text environment and decide how much the agent "
@@ -114,7 +82,10 @@ class SAGEOPDConfig(OPDConfig):
                              help="who labels non-error turns: the teacher, or nobody (they get default_label)")
     default_label: str = constrained("weak", choices=LABELS,
                                      help="label of an unreadable verdict, and of non-error turns under errors_only")
-    judge_max_new_tokens: int = constrained(4, ge=1, help="tokens the teacher may spend on a verdict (greedy)")
+    judge_max_new_tokens: int = constrained(16, ge=1, help="tokens the teacher may spend on a verdict (greedy)")
+    judge_thinking: bool = constrained(False, help="render the judge prompt with the template's thinking mode on")
+    defaulted_warn_share: float = constrained(0.2, ge=0, le=1,
+                                              help="warn when more than this share of judged turns gets default_label")
     judge_history_turns: int = constrained(6, ge=0, help="earlier turns shown to the judge before the judged one")
     judge_max_prompt_tokens: int = constrained(1536, ge=64, help="longest judge prompt; older history is dropped first")
     use_confidence: bool = constrained(True, help="multiply by the teacher's mean top-1 probability (False: c_t = 1)")
@@ -128,17 +99,22 @@ class SAGEOPDConfig(OPDConfig):
 def parse_verdict(text: str | None) -> str | None:
     """The first label the answer names (``"skip"``, ``"weak"``, ``"strong"``), or None if it names none.
 
-    Robust to case, punctuation and markup ("**STRONG**.", "label: weak", "z=Skip"), to synonyms
-    (:data:`LABEL_SYNONYMS`) and inflections ("strongly", "skipped"); a word right after a negation
-    ("not strong") does not count.
+    Only the text after the last ``</think>`` counts (a thinking teacher's reasoning is not its verdict; an
+    unfinished ``<think>`` is no verdict). Robust to case, punctuation and markup ("**STRONG**.",
+    "label: weak") and inflections ("strongly", "skipped"); a word right after a negation ("not strong")
+    does not count. No synonyms: filler such as "Okay" or "fine" is not a verdict.
     """
     if not text:
+        return None
+    if "</think>" in text:
+        text = text.rsplit("</think>", 1)[1]
+    elif "<think>" in text:
         return None
     words = re.findall(r"[a-z]+", text.lower())
     for position, word in enumerate(words):
         if position > 0 and words[position - 1] in NEGATIONS:
             continue
-        label = LABEL_SYNONYMS.get(word) or next((lab for lab in LABELS if word.startswith(lab)), None)
+        label = next((lab for lab in LABELS if word.startswith(lab)), None)
         if label is not None:
             return label
     return None
@@ -158,9 +134,13 @@ class TurnVerdicts:
         flat = [label for row in self.labels for label in row]
         sources = [s for row in self.sources for s in row]
         n = max(len(flat), 1)
+        asked = sum(1 for row in self.raw for answer in row if answer is not None)
+        defaulted = sum(1 for row_raw, row_src in zip(self.raw, self.sources)
+                        for answer, src in zip(row_raw, row_src) if answer is not None and src == "default")
         return {**{f"share_{label}": flat.count(label) / n for label in LABELS},
                 "turns_judged": float(sources.count("judge")), "turns_error_forced": float(sources.count("error")),
-                "turns_defaulted": float(sources.count("default"))}
+                "turns_defaulted": float(sources.count("default")),
+                "judge_defaulted_share": defaulted / asked if asked else 0.0}
 
 
 def transcript(episode: Episode, turn: int, history_turns: int) -> str:
@@ -181,24 +161,41 @@ def transcript(episode: Episode, turn: int, history_turns: int) -> str:
     return "\n".join(lines)
 
 
-def judge_prompt(teacher: Any, episode: Episode, turn: int, history_turns: int, max_tokens: int) -> list[int]:
+def judge_template(teacher: Any, messages: list[dict[str, str]], thinking: bool) -> list[int]:
+    """The teacher's chat-template ids for the judge, with the template's thinking mode set (Qwen3-style
+    ``enable_thinking``; templates without it ignore the flag)."""
+    tokenizer = getattr(teacher, "tokenizer", None)
+    if tokenizer is not None and hasattr(teacher, "encode") and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             enable_thinking=thinking)
+        return list(teacher.encode(text))
+    return list(teacher.apply_chat_template(messages, add_generation_prompt=True))
+
+
+def judge_prompt(teacher: Any, episode: Episode, turn: int, history_turns: int, max_tokens: int,
+                 thinking: bool = False) -> list[int]:
     """Teacher chat-template ids asking for the verdict on ``turn``; history trimmed until it fits."""
     for shown in range(history_turns, -1, -1):
         body = transcript(episode, turn, shown) + "\n\n" + JUDGE_QUESTION.format(k=turn + 1)
         messages = [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": body}]
-        ids = list(teacher.apply_chat_template(messages, add_generation_prompt=True))
+        ids = judge_template(teacher, messages, thinking)
         if len(ids) <= max_tokens:
             return ids
     # even the turn alone is too long: keep the template's end (question + assistant header) intact
     return ids[:1] + ids[len(ids) - max_tokens + 1:]
 
 
+def agent_error(turn: Any) -> bool:
+    """True when the turn's env answer is an execution error of the agent (an env fault is not)."""
+    return turn.error is not None and turn.error.kind in AGENT_ERRORS
+
+
 def error_first_verdicts(episodes: Sequence[Episode], default_label: str) -> TurnVerdicts:
-    """Execution-error turns are Strong; every other turn provisionally gets ``default_label``."""
+    """Turns with an agent execution error are Strong; every other turn provisionally gets ``default_label``."""
     labels, sources, raw = [], [], []
     for episode in episodes:
-        labels.append(["strong" if t.error is not None else default_label for t in episode.turns])
-        sources.append(["error" if t.error is not None else "default" for t in episode.turns])
+        labels.append(["strong" if agent_error(t) else default_label for t in episode.turns])
+        sources.append(["error" if agent_error(t) else "default" for t in episode.turns])
         raw.append([None] * len(episode.turns))
     return TurnVerdicts(labels, sources, raw)
 
@@ -208,11 +205,11 @@ def judge_turns(teacher: Any, episodes: Sequence[Episode], config: SAGEOPDConfig
     verdicts = error_first_verdicts(episodes, config.default_label)
     if config.judge == "errors_only":
         return verdicts
-    asked = [(row, k) for row, episode in enumerate(episodes) for k, t in enumerate(episode.turns) if t.error is None]
+    asked = [(row, k) for row, episode in enumerate(episodes) for k, t in enumerate(episode.turns) if not agent_error(t)]
     if not asked:
         return verdicts
-    prompts = [judge_prompt(teacher, episodes[row], k, config.judge_history_turns, config.judge_max_prompt_tokens)
-               for row, k in asked]
+    prompts = [judge_prompt(teacher, episodes[row], k, config.judge_history_turns, config.judge_max_prompt_tokens,
+                            config.judge_thinking) for row, k in asked]
     answers = teacher.generate(prompts, SamplingParams(max_new_tokens=config.judge_max_new_tokens, temperature=0.0))
     for (row, k), answer in zip(asked, answers):
         label = parse_verdict(answer.text)
@@ -267,24 +264,22 @@ def turn_confidence(teacher_logits: torch.Tensor, turn_of: torch.Tensor,
         return turn_mean.gather(1, index) * on, turn_mean, counts > 0
 
 
-def opd_scale_normalizer(weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``Z = N / sum(weights)`` over agent tokens (N = their count); 0 when every weight is 0 (no signal)."""
-    total = (weights * (mask > 0)).sum()
-    return torch.where(total > 0, (mask > 0).sum() / total.clamp(min=1e-12), torch.zeros_like(total))
-
-
-def selective_loss(per_token: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor,
-                   aggregation: str = "token_mean") -> tuple[torch.Tensor, torch.Tensor]:
-    """``Z * sum_t s_t L_OPD(turn t)`` at OPD's scale: the per-token loss times ``Z * s`` (detached),
-    aggregated as OPD aggregates it. Returns ``(loss, Z)``; ``token_mean`` gives ``sum(s l) / sum(s)``."""
-    weights = weights.detach()
-    z = opd_scale_normalizer(weights, mask)
-    return aggregate_token_loss(per_token * (z * weights), mask, aggregation), z  # type: ignore[arg-type]
+def turn_weights(verdicts: TurnVerdicts, alpha: float) -> list[list[float]]:
+    """``i_t`` of every turn of every row."""
+    return [[label_importance(label, alpha) for label in row] for row in verdicts.labels]
 
 
 # ----------------------------------------------------------------------------------------------------
 # The algorithm
 # ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SAGEState(DistillState):
+    """The batch's turn verdicts and the per-token selective weights ``s_t = i_t * c_t`` ``[B, T-1]``."""
+
+    verdicts: TurnVerdicts | None = None
+    weights: torch.Tensor | None = None
 
 
 class SAGEOPD(OPD):
@@ -293,42 +288,38 @@ class SAGEOPD(OPD):
     Config = SAGEOPDConfig
     needs_teacher = True
 
-    def __init__(self, config: Any, student: Any, teacher: Any = None, **kwargs: Any):
-        super().__init__(config, student, teacher, **kwargs)
-        self._verdicts: tuple[RolloutBatch, TurnVerdicts] | None = None
+    def prepare(self, batch: RolloutBatch) -> SAGEState:
+        """Label every turn (one judge call) and weigh every token (one no-grad teacher pass)."""
+        base = super().prepare(batch)
+        state = SAGEState(metrics=base.metrics, contexts=base.contexts)
+        state.verdicts = judge_turns(self.teacher, batch.episodes, self.config)
+        importance = turn_weights(state.verdicts, self.config.alpha)
+        mask = agent_mask(batch)
+        turn_of = batch.turn_index[:, 1:]
+        weights = torch.zeros_like(mask)
+        confidences = []
+        for start in range(0, len(batch), self.micro_batch_size):
+            rows = slice(start, min(start + self.micro_batch_size, len(batch)))
+            width = int(batch.attention_mask[rows].sum(dim=1).max())
+            on, turns = mask[rows][:, : width - 1], turn_of[rows][:, : width - 1]
+            tokens = token_importance(turns, on, importance[rows])
+            if self.config.use_confidence:
+                logits = self.teacher_logits(self.teacher_view(batch, rows, state), width)
+                token_conf, turn_conf, present = turn_confidence(logits.cpu(), turns, on)
+                confidences.append(turn_conf[present])
+                tokens = tokens * token_conf
+            weights[rows, : width - 1] = tokens
+        state.weights = weights
+        state.metrics.update(state.verdicts.counts())
+        state.metrics["mean_confidence"] = float(torch.cat(confidences).mean()) if confidences else 1.0
+        state.metrics["weighted_token_share"] = float((weights > 0).sum() / mask.sum().clamp(min=1))
+        share = state.metrics["judge_defaulted_share"]
+        if share > self.config.defaulted_warn_share:
+            warnings.warn(f"SAGE-OPD: {share:.0%} of the judged turns got no readable verdict and defaulted to "
+                          f"{self.config.default_label!r}: the teacher is not answering Skip/Weak/Strong (check "
+                          "algo.judge_max_new_tokens, algo.judge_thinking, or use algo.judge=errors_only)",
+                          stacklevel=2)
+        return state
 
-    def verdicts(self, batch: RolloutBatch) -> TurnVerdicts:
-        """The batch's turn labels, decided once (one judge call) and reused by every micro-batch."""
-        if self._verdicts is None or self._verdicts[0] is not batch:
-            self._verdicts = (batch, judge_turns(self.teacher, batch.episodes, self.config))
-        return self._verdicts[1]
-
-    def update(self, batch: RolloutBatch) -> dict[str, float]:
-        verdicts = self.verdicts(batch)
-        metrics = super().update(batch)
-        metrics.update(verdicts.counts())
-        self._verdicts = None  # the next batch is new; do not keep this one alive
-        return metrics
-
-    def turn_weights(self, batch: RolloutBatch, rows: slice, turn_of: torch.Tensor, mask: torch.Tensor,
-                     teacher_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(s [b, T], c_t of the micro-batch's turns [n_turns])`` for ``rows``."""
-        labels = self.verdicts(batch).labels[rows]
-        importance = token_importance(turn_of, mask, [[label_importance(lab, self.config.alpha) for lab in row]
-                                                      for row in labels])
-        token_conf, turn_conf, present = turn_confidence(teacher_logits, turn_of, mask)
-        if not self.config.use_confidence:
-            token_conf = (mask > 0).float() * (turn_of >= 0).float()
-        return importance * token_conf, turn_conf[present]
-
-    def compute_loss(self, batch: RolloutBatch, rows: slice) -> tuple[torch.Tensor, dict[str, float]]:
-        per_token, mask, student_logits, teacher_logits, _ = self.distillation_terms(batch, rows)
-        turn_of = batch.turn_index[rows][:, 1: mask.shape[1] + 1].to(mask.device)
-        weights, confidences = self.turn_weights(batch, rows, turn_of, mask, teacher_logits)
-        loss, z = selective_loss(per_token, weights, mask, self.config.aggregation)
-        metrics = {"mean_confidence": float(confidences.mean()) if confidences.numel() else 0.0,
-                   "normalizer": float(z), "weighted_token_share": float((weights > 0).sum() / mask.sum().clamp(min=1))}
-        if float(z) == 0.0:  # every weight 0: no signal, but keep a graph so backward is well defined
-            return student_logits.sum() * 0.0, {**metrics, "distill_loss": 0.0, "kl": 0.0}
-        kl = reverse_kl_per_token(student_logits, teacher_logits, mask)
-        return loss, {**metrics, "distill_loss": float(loss.detach()), "kl": float(kl.sum() / mask.sum())}
+    def token_weights(self, batch: RolloutBatch, state: SAGEState, step: Step) -> dict[str, LossTerm]:
+        return {"distill": LossTerm(state.weights * self.kept_rows(state)[:, None], self.config.aggregation)}

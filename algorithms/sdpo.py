@@ -1,8 +1,8 @@
 """SDPO: self-distillation from feedback and successful siblings.
 
 Teacher: an EMA of the student's own network (rate ``algo.ema_rate``, 0.05), shown after the first
-observation: a successful sibling rollout of the same task from the same group (another rollout, never
-the episode itself) as its action trace, and the environment's textual feedback on this attempt, then an
+observation: a successful sibling rollout of the same task (another rollout of the batch, never the
+episode itself) as its action trace, and the environment's textual feedback on this attempt, then an
 instruction to solve the original task correctly. Data: G on-policy rollouts per task (``needs_groups``).
 
 Signal: per agent token, the divergence between the student (no context) and the teacher (with it) on
@@ -24,9 +24,10 @@ from typing import Any
 import torch
 
 from agentgym_opd.config import constrained
-from agentgym_opd.distill import (DistillConfig, DistillationAlgorithm, SelfTeacher, TeacherInputs, actions_block,
-                                  episode_actions, with_context)
-from agentgym_opd.losses import aggregate_token_loss, clipped_policy_gradient_loss, group_advantages
+from agentgym_opd.algorithm import LossTerm, Step, agent_mask, weighted_sum
+from agentgym_opd.distill import (DistillConfig, DistillState, DistillationAlgorithm, SelfTeacher, TeacherInputs,
+                                  actions_block, distill_metrics, episode_actions, successful_sibling, with_context)
+from agentgym_opd.losses import clipped_policy_gradient_per_token, group_advantages
 from agentgym_opd.rollout import RolloutBatch
 
 INSTRUCTION = "Solve the original task correctly."
@@ -42,15 +43,11 @@ class SDPOConfig(DistillConfig):
     eps_low: float = constrained(0.2, ge=0, help="GRPO clip range (used when distill_weight < 1)")
 
 
-def successful_sibling(batch: RolloutBatch, row: int) -> int | None:
-    """Another row of the same group that succeeded (the highest-return one), or None."""
-    group = int(batch.group_ids[row])
-    best = None
-    for other, episode in enumerate(batch.episodes):
-        if other != row and int(batch.group_ids[other]) == group and episode.success:
-            if best is None or episode.return_ > batch.episodes[best].return_:
-                best = other
-    return best
+@dataclass
+class SDPOState(DistillState):
+    """The distillation state plus GRPO's advantages when the loss mixes in the policy-gradient term."""
+
+    advantages: torch.Tensor | None = None
 
 
 class SDPO(DistillationAlgorithm):
@@ -78,28 +75,34 @@ class SDPO(DistillationAlgorithm):
     def teacher_logits(self, inputs: TeacherInputs, width: int) -> torch.Tensor:
         return self.self_teacher.logits(inputs, width)
 
-    def compute_loss(self, batch: RolloutBatch, rows: slice) -> tuple[torch.Tensor, dict[str, float]]:
-        per_token, mask, student_logits, teacher_logits, student_logp = self.distillation_terms(batch, rows)
-        w = self.config.distill_weight
-        distill = aggregate_token_loss(per_token, mask, self.config.aggregation) if mask.sum() > 0 \
-            else student_logits.sum() * 0.0  # type: ignore[arg-type]
-        kept = float((mask.sum(dim=1) > 0).float().mean())
-        metrics = {"distill_loss": float(distill.detach()), "masked_fraction": 1.0 - kept}
-        if mask.sum() > 0:
-            from agentgym_opd.distill import reverse_kl_per_token
+    def prepare(self, batch: RolloutBatch) -> SDPOState:
+        state = super().prepare(batch)
+        advantages = group_advantages(batch.rewards.float(), batch.group_ids) if self.config.distill_weight < 1 else None
+        return SDPOState(metrics=state.metrics, contexts=state.contexts, advantages=advantages)
 
-            metrics["kl"] = float(reverse_kl_per_token(student_logits, teacher_logits, mask).sum() / mask.sum())
+    def token_weights(self, batch: RolloutBatch, state: SDPOState, step: Step) -> dict[str, LossTerm]:
+        terms = super().token_weights(batch, state, step)
+        if self.config.distill_weight < 1:  # the policy-gradient term learns from every agent token
+            terms["pg"] = LossTerm(agent_mask(batch), self.config.aggregation)
+        return terms
+
+    def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: SDPOState,
+                     step: Step) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(1 - w) * L_GRPO + w * L_distill`` (w = ``distill_weight``; w = 1: distillation only)."""
+        per_token, mask, student_logits, teacher_logits, student_logp = self.distillation_terms(batch, rows, state)
+        w = self.config.distill_weight
+        distill = weighted_sum(per_token, coef["distill"])
+        metrics = distill_metrics(distill, student_logits, teacher_logits, mask, coef["distill"])
         if w >= 1.0:
             return distill, metrics
-        agent_mask = batch.loss_mask[rows][:, 1: student_logp.shape[1] + 1].to(student_logp.device).float()
-        advantages = group_advantages(batch.rewards.float(), batch.group_ids)[rows].to(student_logp.device)
         old = batch.behaviour_logprobs[rows][:, 1: student_logp.shape[1] + 1].to(student_logp.device)
-        pg, _ = clipped_policy_gradient_loss(student_logp, old, advantages, agent_mask, eps_low=self.config.eps_low,
-                                             aggregation=self.config.aggregation)  # type: ignore[arg-type]
+        pg_token, _ = clipped_policy_gradient_per_token(student_logp, old, state.advantages[rows].to(student_logp.device),
+                                                        eps_low=self.config.eps_low)
+        pg = weighted_sum(pg_token, coef["pg"])
         metrics["pg_loss"] = float(pg.detach())
         return (1.0 - w) * pg + w * distill, metrics
 
-    def after_update(self) -> None:
+    def after_update(self, metrics: dict[str, float], step: Step) -> None:
         self.self_teacher.after_update()
 
     def extra_state(self) -> dict[str, Any]:

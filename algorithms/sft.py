@@ -19,10 +19,10 @@ from typing import Any, Sequence
 
 import torch
 
-from agentgym_opd.algorithm import Algorithm, sequence_logprobs
+from agentgym_opd.algorithm import (Algorithm, BatchState, LossTerm, Step, agent_mask, fit_width, sequence_logprobs,
+                                    weighted_sum)
 from agentgym_opd.config import constrained
 from agentgym_opd.distill import privileged_text
-from agentgym_opd.losses import aggregate_token_loss
 from agentgym_opd.policy.base import Generation, SamplingParams
 from agentgym_opd.policy.chat import end_of_turn_text
 from agentgym_opd.rollout import RolloutBatch, RolloutEngine
@@ -129,9 +129,15 @@ class SFT(Algorithm):
         return expert_batch(self.student, envs[0], tasks, engine_template=engine, seed=seed,
                             context_fraction=self.config.context_fraction)
 
-    def compute_loss(self, batch: RolloutBatch, rows: slice) -> tuple[torch.Tensor, dict[str, float]]:
+    def token_weights(self, batch: RolloutBatch, state: BatchState, step: Step) -> dict[str, LossTerm]:
+        mask = agent_mask(batch)  # "episodes" only weighs a metric: each expert episode once
+        return {"loss": LossTerm(mask, self.config.aggregation), "episodes": LossTerm(mask, "seq_mean_token_mean")}
+
+    def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: BatchState,
+                     step: Step) -> tuple[torch.Tensor, dict[str, float]]:
         logp, mask = sequence_logprobs(self.model, batch, rows)
-        nll = aggregate_token_loss(-logp, mask, self.config.aggregation)  # type: ignore[arg-type]
+        nll = weighted_sum(-logp, coef["loss"])
         per_episode = (logp.detach() * mask).sum(dim=1)
-        return nll, {"nll": float(nll.detach()), "expert_logprob_per_episode": float(per_episode.mean()),
+        episode_share = fit_width(coef["episodes"], logp).sum(dim=1)
+        return nll, {"nll": float(nll.detach()), "expert_logprob_per_episode": float((per_episode * episode_share).sum()),
                      "expert_tokens": float(mask.sum())}

@@ -1,50 +1,5 @@
 """VPD: variational policy distillation, EM in one weight-shared network.
 
-NOTES (decisions where the brief was silent, and what remains)
-- Schedule (``algo.schedule``): ``alternate`` (default) runs ONE phase per ``update`` call: an E-step is
-  due at the first call and after every ``m_steps_per_e_step`` M-steps, every other call is an M-step, so
-  each phase sees fresh on-policy rollouts. ``inner`` runs, in every call, the E-step and then the m
-  M-steps on the same batch (more optimiser steps per rollout). Metrics say which ran: ``phase_e`` /
-  ``phase_m`` (1.0 or 0.0), ``e_steps`` / ``m_steps`` (totals), ``e_skipped``.
-- An E-step is ``e_updates`` optimiser steps (default 2) against ONE reference snapshot taken at its
-  start. With a single step the implicit reward is exactly 0 at the forward pass (q = pi_ref), so the
-  reference, delta and BCO's saturation would be vacuous; from the second step on they bound how far
-  the teacher moves from the student.
-- A batch with only chosen or only rejected rows still trains (``algo.one_sided=train``, default): BCO
-  is unpaired, and the running baseline delta is what makes a one-sided batch meaningful. With
-  ``one_sided=skip`` such a call runs an M-step instead and the E-step stays due for the next call.
-  A call where no row has any feedback C does no optimiser step at all (``e_skipped``/``nothing_to_learn``).
-- delta: TRL's order: the batch's (detached) rewards are folded into the running mean first, then the
-  loss uses the new mean. That needs the rewards of the whole batch before the micro-batched gradient
-  pass, so each E-update does one no-grad pre-pass (the reference's log-probs are computed once per
-  E-step and reused by its updates).
-- The BCO loss is the mean over the kept sequences of the whole batch (micro-batches are weighted by
-  their kept-row count, so the gradient equals one big batch's).
-- Feedback sources (``algo.feedback``, '+'-joined, e.g. ``env+sibling``): ``env`` = the episode's own
-  textual feedback (where the env gave none, e.g. the engine ended the episode on unparseable output, the
-  outcome and the turns' execution errors stand in: see ``env_feedback``); ``sibling`` = the action trace of another SUCCESSFUL rollout of the same task id (never
-  the row itself); ``critique`` = a short critique of the episode generated greedily by the network itself,
-  told only the transcript and the outcome. A row none of whose sources has text is masked out of both
-  steps. ``needs_groups`` stays False (so the plain CLI line with ``rollout.group_size=1`` runs); in
-  ``sibling`` mode ``collect`` instead plays each task of the step ``sibling_group_size`` times on the
-  envs the trainer already made (4 tasks x 1 -> 2 tasks x 2); siblings are matched by task id.
-- The M-step teacher is the live network (with C, no gradient), i.e. the teacher as the latest E-step
-  left it and as the M-steps move it: one network, as the method says.
-- ``--teacher`` is not used (the teacher is the student's own network).
-- Remaining: the critique prompt is untuned (the tiny model's critiques are noise); no LoRA-specific
-  cheap reference (a LoRA student's reference is a deep copy of the whole PEFT model).
-- ``e_lr_scale`` (default 1.0): the E-step's lr as a multiple of train.lr (restored for the M-steps). Added
-  because one AdamW E-update at the run's lr moved the rejected rows' summed log-prob by 40-80 nats.
-- Measured (tiny model, household/train 8 tasks, CPU; student = SFT 90 steps, greedy train success 0.375;
-  16 steps, tasks_per_step 4, lr 3e-4, rollout temperature 0.5, 3 seeds): OPD (teacher = SFT 160 steps,
-  greedy 0.875) 0.375 -> 0.500 on every seed; VPD default 0.375 -> 0.000 on every seed; also 0.000 with
-  beta=1, with e_lr_scale=0.1, with env+sibling feedback, and (weaker SFT-60 student) with one_sided=skip.
-  Why: the feedback-conditioned view, the teacher, is worse than the student in this world. The
-  same network, greedy, with C in the prompt: 0/8 tasks (plain view 3/8), even with the full walkthrough as C,
-  and even after an SFT warm start with ``algo.context_fraction=0.5``. M-steps then distil a worse policy
-  (their KL is 0.7-1.5 nats/token right after an E-step). VPD needs a network that already reads feedback;
-  the tiny model does not. Not measured: a larger student (SmolLM2), which the CPU budget did not allow.
-
 Method
 ------
 Teacher ``q(y | x, C)``: the student's own network with diagnostic feedback ``C`` appended to the first
@@ -52,14 +7,23 @@ user message (``distill.teacher_prefix``), re-scoring the student's exact sample
 
 E-step (train the teacher view with BCO, unpaired). Successful trajectories are *chosen*, failed ones
 *rejected*, each under its own feedback ``C``. At the start of the E-step the reference prior is reset to
-the current student, ``pi_ref <- pi_theta`` (a frozen snapshot). The implicit reward, summed over the
-agent tokens, is ``r(y) = beta * sum_t [log q(y_t | x, C, y_<t) - log pi_ref(y_t | x, C, y_<t)]``, and with
-``delta`` the running mean of the rewards,
+the current student policy, ``pi_ref <- pi_theta``: the current weights reading the student's view ``x``
+without ``C`` (``algo.reference_view=student``; ``teacher`` scores the reference on ``x, C`` instead, which
+makes the reward exactly 0 at the E-step's first update). Its log-probs are taken once per E-step in a
+no-grad pass, so no second model copy is held. The implicit reward, summed over the agent tokens, is
+``r(y) = beta * sum_t [log q(y_t | x, C, y_<t) - log pi_ref(y_t | ..., y_<t)]``; with ``delta`` the running
+mean of the rewards (this batch's rewards folded in first, over all ranks),
 ``L_E = mean_i [ -log sigmoid(r_i - delta) if y_i chosen else -log sigmoid(-(r_i - delta)) ]``.
+An E-step is ``algo.e_updates`` optimiser steps at ``e_lr_scale`` times the learning rate.
 
 M-step (distil into the student view). The student, WITHOUT ``C``, minimises the per-token divergence
-(``algo.divergence``, reverse KL by default) to the teacher ``q(. | x, C, h_t)`` on its own rollouts, with
-no gradient through the teacher. ``m_steps_per_e_step`` M-steps per E-step (asymmetric counts).
+(``algo.divergence``, reverse KL by default) to the live teacher ``q(. | x, C, h_t)`` on its own rollouts,
+with no gradient through the teacher. ``m_steps_per_e_step`` M-steps per E-step (asymmetric counts):
+``algo.schedule=alternate`` runs one phase per batch, ``inner`` the E-step then the M-steps on each batch.
+
+Feedback ``C`` (``algo.feedback``, '+'-joined): ``env`` (the episode's textual feedback, or its outcome and
+errors where the env gave none), ``sibling`` (a successful rollout of the same task), ``critique`` (the
+network's own greedy critique of the transcript). A row with no ``C`` is masked out of both steps.
 
 Why it works: with feedback in view, telling good trajectories from bad is easier than producing good
 ones, so the E-step makes the feedback-conditioned view a better policy than the student; because the
@@ -69,16 +33,16 @@ that knowledge into the feedback-free view the agent acts with, as a dense per-t
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from agentgym_opd.algorithm import LossTerm, Step, agent_mask, fit_width, sequence_logprobs
 from agentgym_opd.config import constrained
-from agentgym_opd.distill import (DistillConfig, DistillationAlgorithm, SelfTeacher, TeacherInputs, actions_block,
-                                  episode_actions, with_context)
-from agentgym_opd.losses import RunningMean, bco_implicit_reward, bco_loss, token_logprobs
+from agentgym_opd.distill import (DistillConfig, DistillState, DistillationAlgorithm, SelfTeacher, TeacherInputs,
+                                  actions_block, episode_actions, successful_sibling, with_context)
+from agentgym_opd.losses import RunningMean, bco_implicit_reward, bco_row_losses, token_logprobs
 from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.rollout import RolloutBatch, RolloutEngine
 
@@ -105,6 +69,8 @@ class VPDConfig(DistillConfig):
     sibling_group_size: int = constrained(2, ge=2, help="sibling mode: rollouts of each task per step")
     critique_tokens: int = constrained(32, ge=1, help="critique mode: tokens of the self-critique")
     critique_max_chars: int = constrained(1500, ge=100, help="critique mode: transcript shown (its last characters)")
+    reference_view: str = constrained("student", choices=("student", "teacher"),
+                                      help="E-step reference pi_ref = current weights on the student's view (paper) or the teacher's")
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.sources if s not in FEEDBACK_SOURCES]
@@ -166,19 +132,28 @@ def repeat_tasks(tasks: list[str], group: int) -> list[str]:
 # ----------------------------------------------------------------------------------------------------
 
 
+@dataclass
+class VPDState(DistillState):
+    """Per batch: the planned steps, the rows' outcomes, and the E-step's reference log-probs and delta."""
+
+    plan: list[Step] = field(default_factory=list)
+    success: torch.Tensor | None = None
+    reference: torch.Tensor | None = None  # [B, T-1] log pi_ref of the student's tokens, once per E-step
+    delta: float = 0.0
+    e_done: int = 0
+
+
 class VPD(DistillationAlgorithm):
     """Variational policy distillation: BCO on the feedback-conditioned view (E), KL into the plain view (M)."""
 
     Config = VPDConfig
-    needs_groups = False  # sibling mode regroups tasks in `collect` (see NOTES)
+    needs_groups = False  # sibling mode regroups tasks in `collect`
 
     def __init__(self, config: Any, student: Any, teacher: Any = None, **kwargs: Any):
         super().__init__(config, student, teacher, **kwargs)
         self.live_teacher = SelfTeacher(student, "live")
         self.delta = RunningMean(self.config.delta_momentum)
         self.phase = Phase()
-        self.reference: torch.nn.Module | None = None  # pi_ref, refreshed at the start of every E-step
-        self._critiques: tuple[RolloutBatch, list[str | None]] | None = None
 
     # ------------------------------------------------------------------ data
     def collect(self, engine: RolloutEngine, envs: Any, tasks: Any, *, group_size: int, seed: int) -> RolloutBatch:
@@ -188,153 +163,133 @@ class VPD(DistillationAlgorithm):
         return engine.collect(envs, tasks, group_size=group_size, seed=seed)
 
     # ------------------------------------------------------------------ the feedback C
-    def teacher_context(self, batch: RolloutBatch, row: int) -> str | None:
+    def teacher_context(self, batch: RolloutBatch, row: int, critiques: list[str | None] | None = None) -> str | None:
         episode = batch.episodes[row]
         parts: list[str] = []
         for source in self.config.sources:
             if source == "env":
                 parts.append("Feedback on this attempt: " + env_feedback(episode))
             elif source == "sibling":
-                sibling = successful_sibling_by_task(batch, row)
+                sibling = successful_sibling(batch, row)
                 if sibling is not None:
                     parts.append("A successful attempt at this task. "
                                  + actions_block(episode_actions(batch.episodes[sibling])))
-            elif source == "critique":
-                critique = self.critiques(batch)[row]
-                if critique:
-                    parts.append("Your own critique of this attempt: " + critique)
+            elif source == "critique" and critiques and critiques[row]:
+                parts.append("Your own critique of this attempt: " + critiques[row])
         return with_context(parts + [INSTRUCTION]) if parts else None
 
     def critiques(self, batch: RolloutBatch) -> list[str | None]:
-        """One self-critique per row, generated once per batch (E and M steps must see the same C)."""
-        if self._critiques is not None and self._critiques[0] is batch:
-            return self._critiques[1]
+        """One greedy self-critique per row (made once per batch: E and M steps see the same C)."""
         prompts = [self.student.apply_chat_template(critique_messages(ep, self.config.critique_max_chars))
                    for ep in batch.episodes]
         gens = self.student.generate(prompts, SamplingParams(max_new_tokens=self.config.critique_tokens, temperature=0.0))
-        texts = [" ".join(g.text.split()) or None for g in gens]
-        self._critiques = (batch, texts)
-        return texts
+        return [" ".join(g.text.split()) or None for g in gens]
 
     def teacher_logits(self, inputs: TeacherInputs, width: int) -> torch.Tensor:
         return self.live_teacher.logits(inputs, width)
 
     # ------------------------------------------------------------------ the schedule
-    def update(self, batch: RolloutBatch) -> dict[str, float]:
-        if len(batch) == 0:
-            raise ValueError("update: empty batch")
-        kept = torch.tensor([self.teacher_context(batch, row) is not None for row in range(len(batch))], dtype=torch.bool)
-        if not kept.any():  # no row has any feedback: nothing to learn, and no optimiser step (no drift)
-            return {"loss": 0.0, "phase_e": 0.0, "phase_m": 0.0, "e_skipped": 0.0, "nothing_to_learn": 1.0,
-                    **self._counters()}
-        success = torch.tensor([ep.success for ep in batch.episodes], dtype=torch.bool)
-        n_chosen, n_rejected = int((kept & success).sum()), int((kept & ~success).sum())
-        metrics: dict[str, float] = {"phase_e": 0.0, "phase_m": 0.0, "e_skipped": 0.0, "nothing_to_learn": 0.0}
-        run_e = self.config.schedule == "inner" or self.phase.e_due(self.config.m_steps_per_e_step)
-        if run_e and self.config.one_sided == "skip" and (n_chosen == 0 or n_rejected == 0):
-            run_e = False
-            metrics["e_skipped"] = 1.0
-        if run_e:
-            metrics.update(self.e_step(batch, kept, success))
-            metrics["phase_e"] = 1.0
-        if self.config.schedule == "inner" or not run_e:
-            m_runs = self.config.m_steps_per_e_step if self.config.schedule == "inner" else 1
-            for k in range(m_runs):
-                m_metrics = self.m_step(batch)
-                if k == 0 and m_runs > 1:  # inner schedule: the first and last M-step's KL on this batch
-                    metrics["kl_first"] = m_metrics.get("kl", 0.0)
-                metrics.update(m_metrics)
-            metrics["phase_m"] = 1.0
-        return {**metrics, **self._counters()}
+    def prepare(self, batch: RolloutBatch) -> VPDState:
+        critiques = self.critiques(batch) if "critique" in self.config.sources else None
+        contexts = [self.teacher_context(batch, row, critiques) for row in range(len(batch))]
+        kept = torch.tensor([c is not None for c in contexts])
+        success = torch.tensor([ep.success for ep in batch.episodes])
+        state = VPDState(contexts=contexts, success=success)
+        c = self.config
+        metrics = {"masked_fraction": 1.0 - float(kept.float().mean()), "phase_e": 0.0, "phase_m": 0.0,
+                   "e_skipped": 0.0, "nothing_to_learn": 0.0,
+                   "bco_chosen": float((kept & success).sum()), "bco_rejected": float((kept & ~success).sum())}
+        from agentgym_opd import distributed as D
 
-    def _counters(self) -> dict[str, float]:
-        return {"e_steps": float(self.phase.e_steps), "m_steps": float(self.phase.m_steps),
-                "bco_delta": float(self.delta.mean)}
+        counts = D.all_reduce_sum_list([float(kept.sum()), float((kept & success).sum()), float((kept & ~success).sum())],
+                                       self.dist)  # every rank must plan the same steps
+        if counts[0] == 0:  # no row has any feedback: nothing to learn, and no optimiser step (no drift)
+            metrics["nothing_to_learn"] = 1.0
+            state.metrics = metrics
+            return state
+        run_e = c.schedule == "inner" or self.phase.e_due(c.m_steps_per_e_step)
+        if run_e and c.one_sided == "skip" and (counts[1] == 0 or counts[2] == 0):
+            run_e, metrics["e_skipped"] = False, 1.0
+        if run_e:
+            state.plan += [Step("e", c.e_lr_scale)] * c.e_updates
+            metrics["phase_e"] = 1.0
+        if c.schedule == "inner" or not run_e:
+            state.plan += [Step("m")] * (c.m_steps_per_e_step if c.schedule == "inner" else 1)
+            metrics["phase_m"] = 1.0
+        state.metrics = metrics
+        return state
+
+    def steps(self, state: VPDState) -> list[Step]:
+        return list(state.plan)
+
+    def after_update(self, metrics: dict[str, float], step: Step) -> None:
+        if step.name == "e":
+            metrics["bco_loss"] = metrics["loss"]
+        else:
+            self.phase.ran_m()
+        metrics.update({"e_steps": float(self.phase.e_steps), "m_steps": float(self.phase.m_steps),
+                        "bco_delta": float(self.delta.mean)})
 
     # ------------------------------------------------------------------ E-step
-    def refresh_reference(self) -> torch.nn.Module:
-        """``pi_ref <- pi_theta``: copy the current weights into the frozen reference (made once, then reused)."""
-        if self.reference is None:
-            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        else:
-            self.reference.load_state_dict(self.model.state_dict())
-        return self.reference
+    def begin_step(self, batch: RolloutBatch, state: VPDState, step: Step) -> None:
+        """Before each E-update: the reference (once per E-step) and this batch's rewards folded into delta."""
+        if step.name != "e":
+            return
+        from agentgym_opd import distributed as D
 
-    def e_step(self, batch: RolloutBatch, kept: torch.Tensor, success: torch.Tensor) -> dict[str, float]:
-        """``e_updates`` optimiser steps of BCO on the teacher view, against one fresh reference snapshot."""
-        reference = self.refresh_reference()
-        base_lrs = [group["lr"] for group in self.optimizer.param_groups]
-        try:
-            for group in self.optimizer.param_groups:
-                group["lr"] = group["lr"] * self.config.e_lr_scale
-            metrics = self._e_updates(batch, kept, success, reference)
-        finally:  # the M-steps (and the trainer's scheduler) see the learning rate as it was
-            for group, lr in zip(self.optimizer.param_groups, base_lrs):
-                group["lr"] = lr
-        self.phase.ran_e()
-        return metrics
-
-    def _e_updates(self, batch: RolloutBatch, kept: torch.Tensor, success: torch.Tensor,
-                   reference: torch.nn.Module) -> dict[str, float]:
         chunks = [slice(s, min(s + self.micro_batch_size, len(batch))) for s in range(0, len(batch), self.micro_batch_size)]
-        views = [self._e_view(batch, rows) for rows in chunks]
-        with torch.no_grad():
-            ref_logps = [context_logprobs(reference, inputs, targets, width) for inputs, targets, _, width in views]
-        n_kept = int(kept.sum())
-        metrics: dict[str, float] = {}
-        for update in range(self.config.e_updates):
-            self.model.train()
-            with torch.no_grad():  # TRL's order: fold this batch's rewards into delta, then use it
-                rewards = torch.cat([bco_implicit_reward(context_logprobs(self.model, inputs, targets, width), ref, mask,
-                                                         self.config.beta).cpu()
-                                     for (inputs, targets, mask, width), ref in zip(views, ref_logps)])
-            delta = self.delta.update(rewards[kept])
-            self.optimizer.zero_grad(set_to_none=True)
-            loss_total, chosen_sum, rejected_sum = 0.0, 0.0, 0.0
-            for rows, (inputs, targets, mask, width), ref in zip(chunks, views, ref_logps):
-                row_kept, row_success = kept[rows], success[rows]
-                if not row_kept.any():
-                    continue
-                logp = context_logprobs(self.model, inputs, targets, width)
-                r = bco_implicit_reward(logp, ref, mask, self.config.beta)
-                chosen = (row_kept & row_success).to(r.device)
-                rejected = (row_kept & ~row_success).to(r.device)
-                loss, _ = bco_loss(r[chosen], r[rejected], delta)
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"VPD E-step: non-finite BCO loss {float(loss)}")
-                share = int(row_kept.sum()) / n_kept
-                (loss * share).backward()
-                loss_total += share * float(loss.detach())
-                chosen_sum += float(r[chosen].detach().sum())
-                rejected_sum += float(r[rejected].detach().sum())
-            if self.grad_clip is not None:
-                metrics["e_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.grad_clip))
-            self.optimizer.step()
-            self.after_update()
-            if update == 0:
-                metrics["bco_loss_first"] = loss_total
-            n_c, n_r = int((kept & success).sum()), int((kept & ~success).sum())
-            metrics.update({"bco_loss": loss_total, "loss": loss_total, "bco_chosen": float(n_c), "bco_rejected": float(n_r),
-                            "bco_reward_chosen": chosen_sum / n_c if n_c else 0.0,
-                            "bco_reward_rejected": rejected_sum / n_r if n_r else 0.0})
+        was_training = self.model.training
         self.model.eval()
-        return metrics
+        with torch.no_grad():
+            if state.e_done == 0 or state.reference is None:  # pi_ref <- pi_theta, at the E-step's start
+                state.reference = torch.zeros(batch.loss_mask[:, 1:].shape)
+                for rows in chunks:
+                    logp = self.reference_logprobs(batch, rows, state)
+                    state.reference[rows, : logp.shape[1]] = logp.cpu()
+            rewards = torch.cat([self.implicit_rewards(batch, rows, state)[0].cpu() for rows in chunks])
+        self.model.train(was_training)
+        kept = self.kept_rows(state).bool()
+        state.delta = self.delta.update(D.all_gather_floats(rewards[kept].tolist(), self.dist))
+        state.e_done += 1
+        if state.e_done == self.config.e_updates:
+            self.phase.ran_e()
+            state.e_done = 0
 
-    def _e_view(self, batch: RolloutBatch, rows: slice) -> tuple[TeacherInputs, torch.Tensor, torch.Tensor, int]:
-        """The teacher's inputs for ``rows``, the student's target ids and loss mask, and the rows' width."""
-        inputs, keep = self.teacher_view(batch, rows)
+    def reference_logprobs(self, batch: RolloutBatch, rows: slice, state: VPDState) -> torch.Tensor:
+        """``log pi_ref`` of the student's tokens: the current weights on the student's view (default) or on
+        the teacher's view (``reference_view=teacher``)."""
+        if self.config.reference_view == "student":
+            return sequence_logprobs(self.model, batch, rows)[0]
+        inputs = self.teacher_view(batch, rows, state)
+        width = int(batch.attention_mask[rows].sum(dim=1).max())
+        targets = batch.input_ids[rows][:, 1:width]
+        return context_logprobs(self.model, inputs, targets, width)
+
+    def implicit_rewards(self, batch: RolloutBatch, rows: slice, state: VPDState) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(r [b], mask [b, T-1])`` of ``rows`` under the current weights on the teacher's view."""
+        inputs = self.teacher_view(batch, rows, state)
         width = int(batch.attention_mask[rows].sum(dim=1).max())
         device = next(self.model.parameters()).device
         targets = batch.input_ids[rows][:, 1:width].to(device)
-        mask = batch.loss_mask[rows][:, 1:width].to(device).float() * keep.to(device)[:, None]
-        return inputs, targets, mask, width
+        logp = context_logprobs(self.model, inputs, targets, width)
+        mask = batch.loss_mask[rows][:, 1:width].to(device).float() * self.kept_rows(state)[rows].to(device)[:, None]
+        reference = fit_width(state.reference[rows], logp)
+        return bco_implicit_reward(logp, reference, mask, self.config.beta), mask
 
-    # ------------------------------------------------------------------ M-step
-    def m_step(self, batch: RolloutBatch) -> dict[str, float]:
-        """One optimiser step of token-level distillation from the live teacher view into the student view."""
-        metrics = super().update(batch)  # the base step: micro-batches, clipping, one optimiser step
-        self.phase.ran_m()
-        return metrics
+    def token_weights(self, batch: RolloutBatch, state: VPDState, step: Step) -> dict[str, LossTerm]:
+        if step.name == "e":  # the mean over kept rows of each row's BCO loss
+            return {"bco": LossTerm(agent_mask(batch) * self.kept_rows(state)[:, None], "seq_mean_token_mean")}
+        return super().token_weights(batch, state, step)
+
+    def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: VPDState,
+                     step: Step) -> tuple[torch.Tensor, dict[str, float]]:
+        if step.name != "e":
+            return super().compute_loss(batch, rows, coef, state, step)
+        r, mask = self.implicit_rewards(batch, rows, state)
+        row_share = fit_width(coef["bco"], mask).sum(dim=1)  # 1 / (kept rows of the batch) on kept rows
+        per_row = bco_row_losses(r, state.success[rows], state.delta)
+        loss = torch.where(row_share > 0, per_row * row_share, torch.zeros_like(per_row)).sum()
+        return loss, {"bco_reward": float((r.detach() * row_share).sum())}
 
     # ------------------------------------------------------------------ state
     def extra_state(self) -> dict[str, Any]:
@@ -358,18 +313,6 @@ def env_feedback(episode: Any) -> str:
     if errors:
         text += f" {len(errors)} of {episode.num_turns} actions failed; the last error: {errors[-1].message}"
     return text
-
-
-def successful_sibling_by_task(batch: RolloutBatch, row: int) -> int | None:
-    """Another row of the same task id that succeeded (the highest-return one), or None. Matching by task
-    id, not group id, finds siblings both in trainer groups and in the regrouped sibling-mode batches."""
-    task_id = batch.episodes[row].task.id
-    best = None
-    for other, episode in enumerate(batch.episodes):
-        if other != row and episode.task.id == task_id and episode.success:
-            if best is None or episode.return_ > batch.episodes[best].return_:
-                best = other
-    return best
 
 
 def critique_messages(episode: Any, max_chars: int) -> list[dict[str, str]]:

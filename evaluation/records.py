@@ -16,6 +16,7 @@ A record is a JSON object. Schema version 1 (fields below the line are optional)
 | `wall_time_s` | float >= 0 | evaluation wall time |
 | `created` | str | ISO-8601 time the record was written |
 | `curve` | list of {"rollouts": int, "success_rate": float} | training curve (success against rollout budget) |
+| `training` | optional {name: number} | diagnostics of the training run behind the record: `judge_defaulted_share` (SAGE-OPD: share of judged turns whose verdict was unreadable and defaulted; a warning is printed above `DEFAULTED_WARN_SHARE`) |
 | `protocol` | {name: str/number/bool/null} | how it was evaluated (temperature, samples, max_new_tokens, max_turns, backend, action_parser); records with different protocols are different leaderboard rows |
 | `budget` | {"rollout_episodes": int, "tokens": int or null} | training spent: rollout episodes and agent tokens generated |
 | `origin` | "original" or "reproduced" | a first result, or a rerun of a published one (absent: original) |
@@ -188,7 +189,28 @@ FIELDS: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "origin": (False, _typed(str, lambda v: v in ORIGINS, f"one of {ORIGINS}")),
     "provenance": (False, _lazy("evaluation.provenance:check_provenance")),
     "episodes": (False, _lazy("evaluation.episode_trace:check_episodes")),
+    "training": (False, lambda v: None if isinstance(v, dict) and len(v) <= MAX_METRICS and all(_printable_name(k) and _is_number(x) for k, x in v.items())
+                 else f"must be an object {{name: number}}, got {v!r:.200}"),
 }
+
+DEFAULTED_WARN_SHARE = 0.2
+
+
+def training_diagnostics(metrics_lines: list[dict[str, Any]]) -> dict[str, float]:
+    """The record's ``training`` field from a run's ``metrics.jsonl`` rows: the mean of each diagnostic the
+    rows report. Warns when SAGE-OPD's judge defaulted more than ``DEFAULTED_WARN_SHARE`` of its verdicts
+    (its turn weights then say little about the teacher's judgement)."""
+    import warnings
+
+    out: dict[str, float] = {}
+    values = [float(row["judge_defaulted_share"]) for row in metrics_lines if _is_number(row.get("judge_defaulted_share"))]
+    if values:
+        out["judge_defaulted_share"] = sum(values) / len(values)
+        if out["judge_defaulted_share"] > DEFAULTED_WARN_SHARE:
+            warnings.warn(f"the judge defaulted {out['judge_defaulted_share']:.0%} of its verdicts in training "
+                          f"(above {DEFAULTED_WARN_SHARE:.0%}): SAGE-OPD's turn labels were mostly the default",
+                          stacklevel=2)
+    return out
 
 
 # the `agentgym-opd eval` defaults: a display label leaves these out (identity always uses every entry)

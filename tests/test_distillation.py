@@ -14,7 +14,8 @@ from agentgym_opd.policy.hf import HFPolicy
 from agentgym_opd.policy.tiny import default_tiny_model
 from algorithms.opd import OPD, check_same_tokenizer
 from algorithms.opsd import OPSD
-from algorithms.sdpo import SDPO, successful_sibling
+from agentgym_opd.distill import successful_sibling
+from algorithms.sdpo import SDPO
 from tiny_rollouts import tiny_household_rollout
 
 
@@ -68,8 +69,9 @@ def test_aligned_teacher_logits_equal_an_independent_score_of_the_continuation(r
 def test_a_teacher_identical_to_the_student_gives_zero_kl_and_zero_gradient_signal(rollout):
     policy, batch = rollout
     algo = OPD({}, policy, HFPolicy.from_pretrained(default_tiny_model()))  # same weights, a separate copy
-    loss, metrics = algo.compute_loss(batch, slice(0, len(batch)))
-    assert abs(float(loss)) < 1e-5 and metrics["kl"] < 1e-5 and metrics["masked_fraction"] == 0.0
+    state = algo.prepare(batch)
+    loss, metrics = algo.loss(batch, state)
+    assert abs(float(loss)) < 1e-5 and metrics["kl"] < 1e-5 and state.metrics["masked_fraction"] == 0.0
 
 
 def test_opsd_self_teacher_with_privileged_context_differs_and_its_loss_trains(rollout):
@@ -87,12 +89,13 @@ def test_opsd_self_teacher_with_privileged_context_differs_and_its_loss_trains(r
 
 def test_topm_and_sampled_estimators_run_on_the_same_view(rollout):
     policy, batch = rollout
-    full = OPSD({}, policy).compute_loss(batch, slice(0, 2))[0]
-    topm = OPSD({"top_m": 755, "top_m_support": "teacher"}, policy).compute_loss(batch, slice(0, 2))[0]
+    full = OPSD({}, policy).loss(batch)[0]
+    topm = OPSD({"top_m": 755, "top_m_support": "teacher", "tail": True}, policy).loss(batch)[0]
     torch.testing.assert_close(topm, full, atol=1e-3, rtol=1e-3)  # M = V - 1: the tail holds one token
-    small = OPSD({"top_m": 4}, policy).compute_loss(batch, slice(0, 2))[0]
+    small = OPSD({"top_m": 4}, policy).loss(batch)[0]
     assert 0 < float(small) < float(full) + 1.0
-    sampled = OPSD({"estimator": "sampled"}, policy).compute_loss(batch, slice(0, 2))[0]
+    assert OPSD.Config().tail is False and OPSD.Config().top_m_support == "teacher"  # OPSD's paper: renormalise
+    sampled = OPSD({"estimator": "sampled"}, policy).loss(batch)[0]
     assert torch.isfinite(sampled)
 
 
@@ -127,9 +130,8 @@ def test_sdpo_context_uses_a_successful_sibling_and_feedback_and_masks_rows_with
         assert "A successful attempt" in ctx and "Task not completed." in ctx
         assert batch.episodes[0].turns[0].action.strip() in ctx
         assert algo.teacher_context(batch, 2) is None and algo.teacher_context(batch, 3) is None
-        _, metrics = algo.compute_loss(batch, slice(0, 4))
-        assert metrics["masked_fraction"] == 0.75
-        mixed, parts = SDPO({"distill_weight": 0.5}, policy).compute_loss(batch, slice(0, 4))
+        assert algo.prepare(batch).metrics["masked_fraction"] == 0.75
+        mixed, parts = SDPO({"distill_weight": 0.5}, policy).loss(batch)
         assert "pg_loss" in parts and torch.isfinite(mixed)
     finally:
         for ep, (success, feedback) in zip(batch.episodes, saved):

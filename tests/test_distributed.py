@@ -1,12 +1,13 @@
-"""Data-parallel training is the one-process step: 1 vs 2 processes (gloo on CPU), DDP and FSDP2, real batches.
+"""Data-parallel training is the one-process step: 1 vs 2 processes (gloo on CPU), DDP and FSDP2, real batches,
+for every algorithm.
 
-The parent collects ONE real rollout batch (tiny model, household/train, 2 tasks x group 2) and one expert
-batch, and trains a fresh copy of the tiny model on each for 3 SGD steps in one process, on the full
-batch in one micro-batch (the exact global loss). Two spawned ranks (torchrun-style env variables, a free
-port) each load the same model, wrap it, take their shard and run the same 3 steps; rank 0 gathers the
-full state dict. Per-step global losses and final weights must match to 1e-5. One scenario runs the plain
-``Algorithm.update`` under DDP with a token-mean loss and checks that it does NOT match (ranks hold
-different token counts), which is why ``distributed_update`` exists.
+The parent collects ONE real rollout batch (tiny model, household/train, 2 tasks x group 2, rewards,
+successes, feedback and a mix of agent errors and clean turns set so every method has signal) and one
+expert batch, and trains a fresh copy of the tiny model on each for 3 SGD steps in one process, on the
+full batch in one micro-batch (the exact global loss). Two spawned ranks (torchrun-style env variables, a
+free port) each load the same model, wrap it, take their shard and run the same 3 steps with micro-batch
+1; rank 0 gathers the full state dict (and LOPD's composer). Per-step global losses and final weights must
+match to 1e-5. The shards hold different token counts, so a per-rank normaliser would not match.
 """
 
 from __future__ import annotations
@@ -33,51 +34,82 @@ from tiny_rollouts import accept_any
 ENV = "household/train"
 STEPS = 3
 LR = 0.05
-GRAD_CLIP = 0.5  # below the first steps' gradient norms (checked), so clipping is part of the comparison
+GRAD_CLIP = 0.2  # below the gradient norms of most cases (checked), so clipping is part of the comparison
 WORLD = 2
 
-# case -> (algorithm, config overrides); scenario -> (case, strategy, update), where "exact" is
-# distributed_update and "plain" the unmodified Algorithm.update (weights by the LOCAL batch's rows)
+# case -> (algorithm, config overrides, batch); scenario -> (case, strategy)
 CASES = {
-    "grpo_token_mean": ("grpo", {"aggregation": "token_mean", "kl_coef": 0.05}),
-    "grpo_seq_mean": ("grpo", {"aggregation": "seq_mean_token_mean"}),
-    "sft": ("sft", {}),
+    "grpo_token_mean": ("grpo", {"aggregation": "token_mean", "kl_coef": 0.05}, "grpo"),
+    "grpo_seq_mean": ("grpo", {"aggregation": "seq_mean_token_mean"}, "grpo"),
+    "sft": ("sft", {}, "sft"),
+    "opd": ("opd", {}, "grpo"),
+    "opsd": ("opsd", {"top_m": 8}, "grpo"),
+    "sdpo": ("sdpo", {"distill_weight": 0.5}, "grpo"),
+    "sage_opd": ("sage_opd", {"judge": "errors_only"}, "grpo"),
+    "vpd": ("vpd", {"e_updates": 1, "m_steps_per_e_step": 1}, "grpo"),
+    "lopd": ("lopd", {"embedder": "hashing", "top_m": 8, "num_experiences": 1, "beta_init": 0.5,
+                      "experience_max_tokens": 32, "composer_lr": 1.0}, "grpo"),
+    "lopd_lora": ("lopd", {"embedder": "hashing", "top_m": 8, "num_experiences": 1, "beta_init": 0.5,
+                           "experience_max_tokens": 32, "composer_lr": 1.0}, "grpo"),  # a LoRA student, as LOPD's recipe
 }
 SCENARIOS = {
-    "ddp/grpo_token_mean": ("grpo_token_mean", "ddp", "exact"),
-    "ddp/sft": ("sft", "ddp", "exact"),
-    "ddp/grpo_seq_mean/plain": ("grpo_seq_mean", "ddp", "plain"),
-    "ddp/grpo_token_mean/plain": ("grpo_token_mean", "ddp", "plain"),
-    "fsdp/grpo_token_mean": ("grpo_token_mean", "fsdp", "exact"),
-    "fsdp/sft": ("sft", "fsdp", "exact"),
+    "ddp/grpo_token_mean": ("grpo_token_mean", "ddp"),
+    "ddp/grpo_seq_mean": ("grpo_seq_mean", "ddp"),
+    "ddp/sft": ("sft", "ddp"),
+    "fsdp/grpo_token_mean": ("grpo_token_mean", "fsdp"),
+    "fsdp/sft": ("sft", "fsdp"),
+    **{f"ddp/{case}": (case, "ddp") for case in ("opd", "opsd", "sdpo", "sage_opd", "vpd", "lopd")},
+    "fsdp/lopd": ("lopd", "fsdp"),
+    "ddp/lopd_lora": ("lopd_lora", "ddp"),
 }
 
 
-def make_algorithm(case: str, student, micro_batch_size: int) -> Algorithm:
-    name, overrides = CASES[case]
-    cls, config = (GRPO, GRPOConfig(**overrides)) if name == "grpo" else (SFT, SFTConfig(**overrides))
+def load_student(model_path, case: str):
+    from agentgym_opd.policy.hf import LoraConfig
+
+    return HFPolicy.from_pretrained(model_path, lora=LoraConfig(r=4, alpha=8) if case.endswith("_lora") else None)
+
+
+def make_algorithm(case: str, student, micro_batch_size: int, teacher_path, bank_dir) -> Algorithm:
+    from agentgym_opd.registry import algorithm_registry, load_entry_point
+
+    name, overrides, _ = CASES[case]
+    cls = load_entry_point(algorithm_registry.spec(name).entry_point)
+    config = dict(overrides)
+    if name == "lopd":
+        config["bank_path"] = str(bank_dir)
+    teacher = None
+    if cls.needs_teacher:
+        teacher = HFPolicy.from_pretrained(teacher_path)
+        teacher.model.requires_grad_(False)
     optimizer = torch.optim.SGD([p for p in student.model.parameters() if p.requires_grad], lr=LR)
-    return cls(config, student, optimizer=optimizer, grad_clip=GRAD_CLIP, micro_batch_size=micro_batch_size)
+    torch.manual_seed(7)  # LOPD's composer: the same initial weights in every process
+    return cls(config, student, teacher, optimizer=optimizer, grad_clip=GRAD_CLIP, micro_batch_size=micro_batch_size)
 
 
 def batch_of(case: str, batches: dict):
-    return batches["sft" if CASES[case][0] == "sft" else "grpo"]
+    return batches[CASES[case][2]]
 
 
-def run_one_process(model_path, case: str, batch, *, micro_batch_size: int, update: str = "plain"):
-    """Reference: 3 steps in this process; returns (losses, grad norms, final state dict)."""
-    policy = HFPolicy.from_pretrained(model_path)
-    algo = make_algorithm(case, policy, micro_batch_size)
-    ctx = D.DistContext()
+def composer_state(algo) -> dict:
+    return algo.composer.trainable_state() if hasattr(algo, "composer") else {}
+
+
+def run_one_process(model_path, case: str, batch, *, micro_batch_size: int, teacher_path=None, bank_dir=None):
+    """Reference: 3 steps in this process; returns (losses, grad norms, final state dict, composer state)."""
+    policy = load_student(model_path, case)
+    algo = make_algorithm(case, policy, micro_batch_size, teacher_path, bank_dir)
+    if hasattr(algo, "remember"):
+        algo.remember(batch.episodes)
     losses, norms = [], []
     for _ in range(STEPS):
-        metrics = algo.update(batch) if update == "plain" else D.distributed_update(algo, batch, ctx)
+        metrics = algo.update(batch)
         losses.append(metrics["loss"])
         norms.append(metrics["grad_norm"])
-    return losses, norms, {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
+    return losses, norms, {k: v.detach().clone() for k, v in policy.model.state_dict().items()}, composer_state(algo)
 
 
-def _rank_main(rank: int, port: int, model_path: str, batch_file: str, out_dir: str) -> None:
+def _rank_main(rank: int, port: int, model_path: str, batch_file: str, out_dir: str, teacher_path: str) -> None:
     """One rank of the 2-process run: env variables as torchrun sets them, then every scenario in turn."""
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
@@ -86,20 +118,19 @@ def _rank_main(rank: int, port: int, model_path: str, batch_file: str, out_dir: 
     assert ctx.enabled and ctx.backend == "gloo" and ctx.rank == rank
     batches = torch.load(batch_file, weights_only=False)
     results = {}
-    for scenario, (case, strategy, update) in SCENARIOS.items():
-        policy = HFPolicy.from_pretrained(model_path)
-        algo = D.distribute_algorithm(make_algorithm(case, policy, micro_batch_size=1), strategy, ctx)
+    for scenario, (case, strategy) in SCENARIOS.items():
+        policy = load_student(model_path, case)
+        bank_dir = os.path.join(out_dir, f"bank-{scenario.replace('/', '-')}")
+        algo = D.distribute_algorithm(make_algorithm(case, policy, 1, teacher_path, bank_dir), strategy, ctx)
+        algo.dist = ctx
         wrapped = algo.model
         local = D.shard_batch(batch_of(case, batches), ctx)
-        losses = []
-        for _ in range(STEPS):
-            if update == "exact":
-                metrics = D.distributed_update(algo, local, ctx)
-            else:
-                metrics = D.all_reduce_mean(algo.update(local), ctx)
-            losses.append(metrics["loss"])
-        results[scenario] = {"losses": losses, "state": D.full_state_dict(wrapped, ctx),
-                             "local_tokens": D.loss_tokens(local), "wrapper": type(wrapped).__name__}
+        if hasattr(algo, "remember"):
+            algo.remember(local.episodes)  # every rank banks every rank's successes
+        losses = [algo.update(local)["loss"] for _ in range(STEPS)]
+        results[scenario] = {"losses": losses, "state": D.full_state_dict(wrapped, ctx), "composer": composer_state(algo),
+                             "local_tokens": D.all_reduce_sum_list([float(local.loss_mask[:, 1:].sum())], ctx),
+                             "wrapper": type(wrapped).__name__}
     if ctx.is_main:
         torch.save(results, os.path.join(out_dir, "results.pt"))
     D.teardown(ctx)
@@ -131,6 +162,10 @@ def batches():
     groups = [engine.collect(ENV, [task], group_size=2, seed=3 + 2 * k, max_turns=2 + k) for k, task in enumerate(tasks)]
     grpo = concat_batches(groups, pad_id=policy.pad_id)
     grpo.rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    for row, episode in enumerate(grpo.episodes):
+        episode.success = row in (0, 3)
+        episode.feedback = "" if episode.success else "Nothing happened."
+        episode.turns[-1].error = None  # a clean turn next to the agent's errors (SAGE-OPD's Weak)
     template = RolloutEngine(policy, SamplingParams(max_new_tokens=8), system_prompt=DEFAULT_SYSTEM_PROMPT)
     env = agentgym_opd.make(ENV, num_tasks=3, max_turns=10)
     sft = expert_batch(policy, env, env.task_ids()[:2], engine_template=template)
@@ -138,19 +173,35 @@ def batches():
 
 
 @pytest.fixture(scope="module")
-def references(batches):
+def teacher_path(tmp_path_factory):
+    """A separate teacher for OPD and SAGE-OPD: the tiny model with perturbed weights."""
+    torch.manual_seed(5)
+    teacher = HFPolicy.from_pretrained(default_tiny_model())
+    with torch.no_grad():
+        for p in teacher.model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    path = tmp_path_factory.mktemp("teacher") / "model"
+    teacher.model.save_pretrained(path)
+    teacher.tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def references(batches, teacher_path, tmp_path_factory):
     """The one-process runs on the full batch, one micro-batch: the exact global loss of each case."""
     path = default_tiny_model()
-    return {case: run_one_process(path, case, batch_of(case, batches), micro_batch_size=len(batch_of(case, batches)))
+    banks = tmp_path_factory.mktemp("banks")
+    return {case: run_one_process(path, case, batch_of(case, batches), micro_batch_size=len(batch_of(case, batches)),
+                                  teacher_path=teacher_path, bank_dir=banks / case)
             for case in CASES}
 
 
 @pytest.fixture(scope="module")
-def two_process_results(batches, tmp_path_factory):
+def two_process_results(batches, teacher_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
     batch_file = out / "batches.pt"
     torch.save(batches, batch_file)
-    mp.spawn(_rank_main, args=(free_port(), str(default_tiny_model()), str(batch_file), str(out)),
+    mp.spawn(_rank_main, args=(free_port(), str(default_tiny_model()), str(batch_file), str(out), teacher_path),
              nprocs=WORLD, join=True)
     return torch.load(out / "results.pt", weights_only=False)
 
@@ -167,52 +218,40 @@ def assert_same_weights(got: dict, want: dict) -> float:
     return worst
 
 
-def test_the_batches_make_the_comparison_meaningful(batches, references):
-    """Shards hold different token counts, advantages are non-zero, clipping is active, weights move."""
+def test_the_batches_make_the_comparison_meaningful(batches, references, tmp_path):
+    """Shards hold different token counts, clipping is active, weights move (every method)."""
     ctx0, ctx1 = D.DistContext(rank=0, world_size=WORLD), D.DistContext(rank=1, world_size=WORLD)
     for name in ("grpo", "sft"):
-        tokens = [D.loss_tokens(D.shard_batch(batches[name], c)) for c in (ctx0, ctx1)]
+        tokens = [int(D.shard_batch(batches[name], c).loss_mask[:, 1:].sum()) for c in (ctx0, ctx1)]
         assert tokens[0] != tokens[1] and min(tokens) > 0, tokens
     initial = HFPolicy.from_pretrained(default_tiny_model()).model.state_dict()
-    for case, (losses, norms, state) in references.items():
-        assert norms[0] > GRAD_CLIP, (case, norms)
-        moved = max(float((state[k] - initial[k]).abs().max()) for k in initial)
-        assert moved > 1e-3, (case, moved)
+    lora_initial = load_student(default_tiny_model(), "lopd_lora").model.state_dict()
+    clipped = [case for case, (_, norms, _, _) in references.items() if max(norms) > GRAD_CLIP]
+    assert {"grpo_token_mean", "sft", "opd", "sage_opd", "vpd", "lopd"} <= set(clipped), clipped
+    for case, (losses, norms, state, _) in references.items():
+        start = lora_initial if case.endswith("_lora") else initial
+        moved = max(float((state[k] - start[k]).abs().max()) for k in start)
+        if not case.startswith("lopd"):
+            assert moved > 1e-4, (case, moved)
+            continue
+        # LOPD's teacher starts as the student, so the student moves little; its composer must move
+        fresh = make_algorithm(case, load_student(default_tiny_model(), case), 1, None, tmp_path / case)
+        composer = references[case][3]
+        assert max(float((composer[k] - v).abs().max()) for k, v in composer_state(fresh).items()) > 1e-3, case
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_process(two_process_results, references):
-    for scenario, (case, strategy, update) in SCENARIOS.items():
+def test_two_processes_match_one_process_for_every_method(two_process_results, references):
+    for scenario, (case, strategy) in SCENARIOS.items():
         got = two_process_results[scenario]
-        losses, _, state = references[case]
+        losses, _, state, composer = references[case]
         assert got["wrapper"] == ("_DDP" if strategy == "ddp" else "FSDPLlamaForCausalLM")
-        if scenario == "ddp/grpo_token_mean/plain":
-            continue  # checked below
         assert got["losses"] == pytest.approx(losses, abs=1e-5), scenario
         assert_same_weights(got["state"], state)
-
-
-def test_plain_update_under_ddp_is_not_exact_for_token_mean(two_process_results, references):
-    """Without the process group (``algorithm.dist`` left local), mean_r(S_r / C_r) != sum_r S_r / sum_r C_r
-    when ranks hold different token counts: the global token count is what makes the step exact."""
-    got = two_process_results["ddp/grpo_token_mean/plain"]
-    losses, _, state = references["grpo_token_mean"]
-    assert max(abs(a - b) for a, b in zip(got["losses"], losses)) > 1e-4
-    worst = max(float((got["state"][k] - state[k]).abs().max()) for k in state if k in got["state"])
-    assert worst > 1e-4
-
-
-def test_one_process_micro_batching_is_exact_with_token_weights(batches, references):
-    """Token weighting makes micro-batches exact inside one process; Algorithm.update itself uses it."""
-    path = default_tiny_model()
-    want_losses, _, want_state = references["grpo_token_mean"]
-    losses, _, state = run_one_process(path, "grpo_token_mean", batches["grpo"], micro_batch_size=1, update="exact")
-    assert losses == pytest.approx(want_losses, abs=1e-5)
-    assert_same_weights(state, want_state)
-    plain_losses, _, plain_state = run_one_process(path, "grpo_token_mean", batches["grpo"], micro_batch_size=1,
-                                                   update="plain")
-    assert plain_losses == pytest.approx(want_losses, abs=1e-5)
-    assert_same_weights(plain_state, want_state)
+        assert got["composer"].keys() == composer.keys()
+        for name, value in composer.items():  # LOPD's composer: synced, clipped and stepped like one process
+            torch.testing.assert_close(got["composer"][name], value, atol=1e-5, rtol=0, msg=lambda m: f"{scenario} {name}: {m}")
+    assert references["lopd"][3], "LOPD's composer state is compared"
 
 
 def test_per_rank_rollouts_are_the_shards_of_the_one_process_batch():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentgym_opd.algorithm import sequence_logits
+from agentgym_opd.algorithm import Step, sequence_logits
 from algorithms.lopd import LOPD, dual_step, latent_teacher_logits
 from experience_bank import Experience, trace_from_episode
 from tiny_rollouts import HOUSEHOLD as ENV
@@ -24,7 +24,7 @@ from tiny_rollouts import tiny_household_rollout
 def setup(tmp_path_factory):
     policy, batch = tiny_household_rollout(seed=11, max_turns=3, max_new_tokens=8)
     algo = LOPD({"embedder": "hashing", "bank_path": str(tmp_path_factory.mktemp("bank")), "num_experiences": 2,
-                 "num_latents": 3, "top_m": 16}, policy, optimizer=torch.optim.AdamW(
+                 "num_latents": 3, "top_m": 16, "seed_walkthroughs": True}, policy, optimizer=torch.optim.AdamW(
                      [p for p in policy.model.parameters() if p.requires_grad], lr=1e-3))
     algo.remember(batch.episodes)  # seeds walkthroughs of both tasks
     algo.bank.add(Experience(ENV, "other", "put a mug in the fridge", [("open fridge 1", "The fridge is open.")]))
@@ -38,12 +38,13 @@ def test_composer_emits_j_by_k_latents_of_embedding_width_and_gradients_reach_lo
     algo.optimizer.zero_grad(set_to_none=True)
     for p in algo.composer.parameters():
         p.grad = None
-    loss, metrics = algo.compute_loss(batch, slice(0, len(batch)))
+    state = algo.prepare(batch)
+    loss, metrics = algo.loss(batch, state)
     loss.backward()
     lora = [p for n, p in algo.composer.named_parameters() if "lora_B" in n]
     assert lora and all(p.grad is not None for p in lora) and any(p.grad.abs().sum() > 0 for p in lora)
     assert algo.composer.compressor.queries.grad.abs().sum() > 0
-    assert metrics["masked_fraction"] < 1.0
+    assert state.metrics["masked_fraction"] < 1.0
 
 
 def test_latent_teacher_puts_student_token_t_at_t_plus_jk(setup):
@@ -76,8 +77,8 @@ def test_dual_update_matches_hand_computation(setup):
     _, batch, algo = setup
     assert dual_step(0.2, 0.1, -0.5, 0.05) == pytest.approx(0.2 + 0.05 * 0.6)
     assert dual_step(0.01, 0.1, 2.0, 0.05) == 0.0
-    algo.beta, algo._gaps = 0.3, [(1.0, 2.0), (-0.4, 2.0)]  # mean gap 0.15
-    algo.after_update()
+    algo.beta = 0.3
+    algo.after_update({"margin_gap": 0.15, "margin_weight": 1.0}, Step())
     assert algo.beta == pytest.approx(max(0.0, 0.3 + algo.config.dual_lr * (algo.config.margin_value - 0.15)))
 
 
@@ -120,14 +121,73 @@ def test_cli_run_checkpoint_is_student_only(tmp_path):
 def test_ablations_text_context_and_frozen_composer(setup, tmp_path):
     policy, batch, _ = setup
     text = LOPD({"embedder": "hashing", "bank_path": str(tmp_path / "t"), "context": "text", "train_composer": False,
-                 "margin": False, "top_m": 16}, policy)
+                 "margin": False, "top_m": 16, "seed_walkthroughs": True}, policy)
     text.remember(batch.episodes)
     assert len(text.optimizer.param_groups) == 1 and not text.composer.trainable_parameters()
     context = text.teacher_context(batch, 0)
     assert context and batch.episodes[0].task.privileged["walkthrough"][0] in context  # retrieved walkthrough, as text
-    loss, metrics = text.compute_loss(batch, slice(0, len(batch)))
+    state = text.prepare(batch)
+    loss, metrics = text.loss(batch, state)
     loss.backward()
-    assert torch.isfinite(loss) and metrics["masked_fraction"] < 1.0
-    text.beta, text._gaps = 0.4, [(-5.0, 1.0)]
-    text.after_update()
+    assert torch.isfinite(loss) and state.metrics["masked_fraction"] < 1.0
+    text.beta = 0.4
+    text.after_update({"margin_gap": -5.0, "margin_weight": 1.0}, Step())
     assert text.beta == 0.4  # margin off: beta never moves
+
+
+@pytest.mark.parametrize("knob", [{"divergence": "forward_kl"}, {"estimator": "sampled"}, {"top_m_support": "teacher"},
+                                  {"clip": 5.0}, {"jsd_beta": 0.9}])
+def test_knobs_lopd_does_not_implement_are_refused_by_name(knob):
+    from agentgym_opd.config import ConfigError, dataclass_from_dict
+    from algorithms.lopd import LOPDConfig
+
+    key = next(iter(knob))
+    with pytest.raises((ConfigError, ValueError), match=f"algo.{key}"):
+        dataclass_from_dict(LOPDConfig, knob, path="algo")
+
+
+def test_bank_holds_successful_rollouts_only_by_default_and_experience_length_is_a_knob(setup, tmp_path):
+    policy, batch, _ = setup
+    algo = LOPD({"embedder": "hashing", "bank_path": str(tmp_path / "b"), "experience_max_tokens": 24}, policy)
+    assert algo.composer.max_tokens == 24
+    for ep in batch.episodes:
+        ep.success = False
+    algo.remember(batch.episodes)
+    assert algo.bank.count() == 0  # no success: nothing banked, and no walkthrough either
+    batch.episodes[1].success = True
+    algo.remember(batch.episodes)
+    stored = algo.bank.store.get(algo.bank.store.ids().tolist())
+    assert len(stored) == 1 and stored[0].trace_hash() == trace_from_episode(batch.episodes[1]).trace_hash()
+    batch.episodes[1].success = False
+
+
+def test_bank_state_is_in_the_checkpoint_and_a_resume_rolls_it_back(setup, tmp_path):
+    policy, batch, _ = setup
+    algo = LOPD({"embedder": "hashing", "bank_path": str(tmp_path / "b")}, policy)
+    algo.bank.add(Experience(ENV, "t1", "put a mug in the fridge", [("open fridge 1", "The fridge is open.")]))
+    saved = algo.state_dict()
+    algo.bank.add(Experience(ENV, "t2", "heat an egg", [("go to microwave 1", "You arrive.")]))  # after the checkpoint
+    assert algo.bank.count() == 2
+    algo.load_state_dict(saved)
+    assert algo.bank.count() == 1 and algo.bank.store.get(algo.bank.store.ids().tolist())[0].task_id == "t1"
+    fresh = LOPD({"embedder": "hashing", "bank_path": str(tmp_path / "elsewhere")}, policy)  # a resumed run's new bank
+    fresh.load_state_dict(saved)
+    assert fresh.bank.count() == 1
+
+
+def test_lora_student_builds_a_composer_and_trains_it(tmp_path):
+    from agentgym_opd.policy.hf import HFPolicy, LoraConfig
+    from agentgym_opd.policy.tiny import default_tiny_model
+
+    policy, batch = tiny_household_rollout(seed=11, max_turns=2, max_new_tokens=6)
+    student = HFPolicy.from_pretrained(default_tiny_model(), lora=LoraConfig(r=4, alpha=8))
+    assert student.is_lora
+    algo = LOPD({"embedder": "hashing", "bank_path": str(tmp_path / "b"), "top_m": 8, "seed_walkthroughs": True},
+                student, optimizer=torch.optim.SGD([p for p in student.model.parameters() if p.requires_grad], lr=0.1))
+    assert not any("lora" in n for n, _ in algo.frozen_teacher.named_parameters())  # the base, without the adapter
+    assert any("lora" in n for n, _ in algo.composer.encoder.named_parameters())
+    algo.remember(batch.episodes)
+    queries = algo.composer.compressor.queries.detach().clone()
+    metrics = algo.update(batch)
+    assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["masked_fraction"] < 1.0
+    assert not torch.equal(queries, algo.composer.compressor.queries.detach())

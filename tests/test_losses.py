@@ -496,3 +496,38 @@ def test_gathered_logprobs_custom_backward_passes_gradcheck(gen):
     values = L.gathered_logprobs(logits, ids)
     assert torch.allclose(values, torch.log_softmax(logits, -1).gather(-1, ids))
     assert torch.allclose(L.gathered_logprobs(logits.detach(), ids), values)
+
+
+def test_per_token_clipped_surrogate_and_its_diagnostics_match_the_aggregated_loss():
+    torch.manual_seed(0)
+    logp = torch.randn(2, 5, requires_grad=True)
+    old = logp.detach() + 0.3 * torch.randn(2, 5)
+    adv = torch.tensor([1.0, -0.5])
+    mask = torch.tensor([[1, 1, 1, 0, 0], [0, 1, 1, 1, 1]], dtype=torch.float32)
+    per_token, parts = L.clipped_policy_gradient_per_token(logp, old, adv, eps_low=0.2)
+    ratio = (logp - old).exp()
+    want = -torch.minimum(ratio * adv[:, None], ratio.clamp(0.8, 1.2) * adv[:, None])
+    torch.testing.assert_close(per_token, want)
+    loss, stats = L.clipped_policy_gradient_loss(logp, old, adv, mask)
+    torch.testing.assert_close(loss, (want * mask).sum() / mask.sum())
+    torch.testing.assert_close(stats.clip_fraction, (parts["clip_fraction"] * mask).sum() / mask.sum())
+
+
+def test_bco_row_losses_pick_the_side_of_each_sequence():
+    r = torch.tensor([0.3, -0.2, 1.0])
+    chosen = torch.tensor([True, False, True])
+    got = L.bco_row_losses(r, chosen, 0.1)
+    want = [-math.log(1 / (1 + math.exp(-(0.3 - 0.1)))), -math.log(1 / (1 + math.exp(-0.2 - 0.1))),
+            -math.log(1 / (1 + math.exp(-(1.0 - 0.1))))]
+    torch.testing.assert_close(got, torch.tensor(want))
+
+
+@pytest.mark.parametrize("teacher_grad", [False, True])
+def test_top_m_distillation_reaches_the_teachers_logits_only_when_asked(teacher_grad):
+    torch.manual_seed(1)
+    student = torch.randn(1, 3, 12, requires_grad=True)
+    teacher = torch.randn(1, 3, 12, requires_grad=True)
+    per_token = L.topm_distillation(student, teacher, 4, None, "reverse_kl", support="student", teacher_grad=teacher_grad)
+    per_token.sum().backward()
+    assert student.grad is not None and student.grad.abs().sum() > 0
+    assert (teacher.grad is not None and teacher.grad.abs().sum() > 0) == teacher_grad

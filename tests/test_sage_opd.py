@@ -4,6 +4,7 @@ model, judged by a real (briefly SFT-trained) tiny teacher; and the CLI."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import subprocess
@@ -13,7 +14,6 @@ import pytest
 import torch
 
 import agentgym_opd
-from agentgym_opd.losses import aggregate_token_loss
 from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.policy.hf import HFPolicy
 from agentgym_opd.policy.tiny import default_tiny_model
@@ -21,9 +21,10 @@ from agentgym_opd.registry import algorithm_registry
 from agentgym_opd.rollout import RolloutEngine
 from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
 from algorithms.opd import OPD
+from agentgym_opd.algorithm import LossTerm, term_coefficients, term_normalisers, weighted_sum
+from agentgym_opd.distributed import DistContext
 from algorithms.sage_opd import (SAGEOPD, SAGEOPDConfig, error_first_verdicts, judge_prompt, judge_turns,
-                                 label_importance, opd_scale_normalizer, parse_verdict, selective_loss,
-                                 token_importance, turn_confidence)
+                                 label_importance, parse_verdict, token_importance, turn_confidence)
 from algorithms.sft import SFT, concat_batches, expert_batch
 from tiny_rollouts import accept_any
 
@@ -57,22 +58,18 @@ def test_confidence_is_the_mean_top1_teacher_probability_over_each_turns_tokens(
     assert present.tolist() == [[True, True]]
 
 
-def test_normaliser_matches_opds_token_count_and_the_loss_is_the_hand_weighted_sum():
-    per_token = torch.tensor([[9.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 9.0]], requires_grad=True)
-    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.float32)
-    s = torch.tensor([[0, .8, .8, .25], [0, 0, .5, 0]])  # s_t = i_t * c_t, per token
-    z = opd_scale_normalizer(s, mask)
-    assert math.isclose(float(z), 6 / (0.8 + 0.8 + 0.25 + 0.5), rel_tol=1e-6)
-    loss, z2 = selective_loss(per_token, s, mask)
-    hand = z * (0.8 * 1 + 0.8 * 2 + 0.25 * 3 + 0.5 * 6) / 6  # Z * sum_t s_t L_OPD(t), at OPD's token mean
-    torch.testing.assert_close(loss, hand)
-    torch.testing.assert_close(loss, torch.tensor((0.8 * 1 + 0.8 * 2 + 0.25 * 3 + 0.5 * 6) / 2.35))
-    loss.backward()  # the weights are constants: d loss / d l_i = Z s_i / N
-    torch.testing.assert_close(per_token.grad, z * s / 6)
-    ones, _ = selective_loss(per_token.detach(), mask.clone(), mask)  # every turn Strong, fully confident = OPD
-    torch.testing.assert_close(ones, aggregate_token_loss(per_token.detach(), mask))
-    zero, z0 = selective_loss(per_token.detach(), torch.zeros_like(s), mask)
-    assert float(z0) == 0.0 and float(zero) == 0.0
+def test_the_weighted_token_mean_is_the_whole_batchs_for_any_micro_batch_split():
+    """The issue's case: an all-Weak row (per-token loss 1) and an all-Strong row (loss 3), two tokens each.
+    ``Z sum s l`` over the batch is 7/3; a per-micro-batch Z (each row alone) would give plain OPD's 2.0."""
+    per_token = torch.tensor([[1.0, 1.0], [3.0, 3.0]])
+    s = torch.tensor([[0.5, 0.5], [1.0, 1.0]])  # i_t * c_t with c = 1
+    term = LossTerm(s, "token_mean")
+    coef = term_coefficients(term, term_normalisers({"d": term}, DistContext())["d"])
+    whole = weighted_sum(per_token, coef)
+    split = sum(weighted_sum(per_token[r:r + 1], coef[r:r + 1]) for r in range(2))
+    assert math.isclose(float(whole), 7 / 3, rel_tol=1e-6) and math.isclose(float(split), 7 / 3, rel_tol=1e-6)
+    z = float(s.new_ones(()).sum() * 4 / s.sum())  # Z = N / sum s: the weighted count equals OPD's
+    assert math.isclose(z * float((s * per_token).sum()) / 4, 7 / 3, rel_tol=1e-6)
 
 
 def test_config_rejects_unknown_knob_values_by_name():
@@ -87,16 +84,19 @@ def test_config_rejects_unknown_knob_values_by_name():
 
 @pytest.mark.parametrize("text, label", [
     ("Strong", "strong"), ("  **WEAK**.", "weak"), ("skip!", "skip"), ("Label: Strong\n", "strong"),
-    ("z=Skip", "skip"), ("I'd say weak, maybe strong", "weak"), ("This turn is critical.", "strong"),
-    ("minor issue", "weak"), ("It was not strong, just weak", "weak"), ("strongly", "strong"),
-    ("The action was correct.", "skip"), ("a mistake", "strong"), ("Skipped", "skip"),
-    ("It isn't strong; weak.", "weak"),
+    ("z=Skip", "skip"), ("I'd say weak, maybe strong", "weak"), ("It was not strong, just weak", "weak"),
+    ("strongly", "strong"), ("Skipped", "skip"), ("It isn't strong; weak.", "weak"),
+    # a thinking teacher: only the answer after </think> is the verdict
+    ("<think>\nOkay, the agent opened the wrong drawer, a strong mistake? No.</think>\n\nWeak", "weak"),
+    ("<think>\nOkay</think>\nStrong", "strong"),
 ])
 def test_verdict_parser_reads_messy_answers(text, label):
     assert parse_verdict(text) == label
 
 
-@pytest.mark.parametrize("text", ["", None, "go to countertop 1", "???", "<|im_end|>", "not strong"])
+@pytest.mark.parametrize("text", ["", None, "go to countertop 1", "???", "<|im_end|>", "not strong",
+                                  "<think>\nOkay", "Okay", "fine", "This turn is critical.", "a mistake",
+                                  "<think>\nOkay, this looks strong to me"])
 def test_verdict_parser_returns_none_for_no_label(text):
     assert parse_verdict(text) is None
 
@@ -190,9 +190,11 @@ def test_loss_is_the_hand_weighted_opd_divergence_on_a_real_rollout(setup):
     student, teacher, batch = setup
     rows = slice(0, len(batch))
     algo = SAGEOPD({"judge": "teacher", "alpha": 0.5}, student, teacher)
-    loss, metrics = algo.compute_loss(batch, rows)
-    per_token, mask, _, teacher_logits, _ = OPD({}, student, teacher).distillation_terms(batch, rows)
-    labels = algo.verdicts(batch).labels
+    state = algo.prepare(batch)
+    loss, metrics = algo.loss(batch, state)
+    opd = OPD({}, student, teacher)
+    per_token, mask, _, teacher_logits, _ = opd.distillation_terms(batch, rows, opd.prepare(batch))
+    labels = state.verdicts.labels
     top1 = torch.softmax(teacher_logits, dim=-1).amax(dim=-1)
     turn_of = batch.turn_index[:, 1: mask.shape[1] + 1]
     numer, denom, confidences = 0.0, 0.0, []
@@ -206,10 +208,9 @@ def test_loss_is_the_hand_weighted_opd_divergence_on_a_real_rollout(setup):
             confidences.append(c)
     n = float(mask.sum())
     z = n / denom
-    assert math.isclose(metrics["normalizer"], z, rel_tol=1e-4)
     assert math.isclose(float(loss.detach()), z * numer / n, rel_tol=1e-4)
-    assert math.isclose(metrics["mean_confidence"], sum(confidences) / len(confidences), rel_tol=1e-4)
-    assert 0 < metrics["mean_confidence"] < 1 and metrics["kl"] > 1e-3
+    assert math.isclose(state.metrics["mean_confidence"], sum(confidences) / len(confidences), rel_tol=1e-4)
+    assert 0 < state.metrics["mean_confidence"] < 1 and metrics["kl"] > 1e-3
 
 
 def test_all_skip_gives_a_zero_loss_that_still_backpropagates(setup):
@@ -221,15 +222,44 @@ def test_all_skip_gives_a_zero_loss_that_still_backpropagates(setup):
         for ep in clean:
             for t in ep.turns:
                 t.error = None  # no error turns: every turn defaults to Skip
-        loss, metrics = algo.compute_loss(batch, slice(0, len(batch)))
+        loss, metrics = algo.loss(batch)
     finally:
         for ep, errs in zip(clean, saved):
             for t, e in zip(ep.turns, errs):
                 t.error = e
-    assert float(loss.detach()) == 0.0 and metrics["normalizer"] == 0.0
+    assert float(loss.detach()) == 0.0
     loss.backward()  # well defined: a graph through the student with zero gradient
     assert all(p.grad is None or float(p.grad.abs().max()) == 0.0 for p in student.model.parameters())
     student.model.zero_grad(set_to_none=True)
+
+
+def test_env_faults_are_judged_not_forced_strong_and_defaulted_verdicts_are_counted_and_warned(setup):
+    from agentgym_opd.types import StepError
+
+    _, teacher, batch = setup
+    episode = copy.deepcopy(batch.episodes[0])
+    episode.turns[0].error = StepError("env_crash", "the JVM died")
+    episode.turns[1].error = StepError("timeout", "the env took too long")
+    spy = CountingTeacher(teacher)
+    verdicts = judge_turns(spy, [episode], SAGEOPDConfig(judge="teacher", judge_max_new_tokens=2))
+    assert spy.prompts == 2 and verdicts.sources[0][2] == "error"  # the two faults went to the judge
+    assert all(src in ("judge", "default") for src in verdicts.sources[0][:2])
+    counts = verdicts.counts()
+    defaulted = sum(src == "default" for src in verdicts.sources[0][:2])
+    assert counts["judge_defaulted_share"] == defaulted / 2
+
+
+def test_a_judge_that_never_answers_a_label_raises_the_defaulted_warning(setup):
+    student, teacher, batch = setup
+
+    class Mumbler(CountingTeacher):
+        def generate(self, prompts, params, seeds=None):
+            return [type("G", (), {"text": "<think>\nOkay, let me see"})() for _ in prompts]
+
+    algo = SAGEOPD({"judge": "teacher"}, student, Mumbler(teacher))
+    with pytest.warns(UserWarning, match="no readable verdict"):
+        state = algo.prepare(batch)
+    assert state.metrics["judge_defaulted_share"] == 1.0
 
 
 def test_one_real_update_moves_the_student_towards_the_teacher_and_logs_the_turn_statistics(setup):
@@ -246,7 +276,7 @@ def test_one_real_update_moves_the_student_towards_the_teacher_and_logs_the_turn
     assert spy.calls == 2  # one judge call per update, shared by both micro-batches
     assert second["kl"] < first["kl"]
     for key in ("share_skip", "share_weak", "share_strong", "turns_judged", "turns_error_forced",
-                "turns_defaulted", "mean_confidence", "normalizer", "distill_loss", "grad_norm"):
+                "turns_defaulted", "judge_defaulted_share", "mean_confidence", "distill_loss", "grad_norm"):
         assert key in first and math.isfinite(first[key])
     assert first["turns_error_forced"] >= 1 and first["share_strong"] > 0
 
@@ -268,3 +298,21 @@ def test_registered_and_runs_from_the_cli_with_a_teacher_checkpoint(setup, tmp_p
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     assert all(math.isfinite(r["loss"]) and "share_strong" in r and "turns_judged" in r for r in records)
+
+
+def test_the_defaulted_share_goes_into_the_result_record_with_a_warning_above_the_threshold():
+    from evaluation.records import DEFAULTED_WARN_SHARE, training_diagnostics, validate_record
+
+    assert training_diagnostics([{"loss": 1.0}]) == {}  # not SAGE-OPD: nothing to report
+    low = training_diagnostics([{"judge_defaulted_share": 0.0}, {"judge_defaulted_share": 0.1}])
+    assert low == {"judge_defaulted_share": pytest.approx(0.05)}
+    with pytest.warns(UserWarning, match="defaulted 90%"):
+        high = training_diagnostics([{"judge_defaulted_share": 0.8}, {"judge_defaulted_share": 1.0}])
+    assert high["judge_defaulted_share"] > DEFAULTED_WARN_SHARE
+    record = {"schema_version": 1, "env_id": "household/valid_unseen", "split": "valid_unseen",
+              "metrics": {"success_rate": {"mean": 0.5, "stderr": 0.1}}, "n_episodes": 4, "algorithm": "sage_opd",
+              "algorithm_config": {}, "student": "tiny", "teacher": "tiny", "code_revision": "abc", "seed": 0,
+              "wall_time_s": 1.0, "created": "2026-12-03T00:00:00+00:00", "training": high}
+    assert validate_record(record)["training"] == high
+    with pytest.raises(ValueError, match="training"):
+        validate_record({**record, "training": {"judge_defaulted_share": "lots"}})

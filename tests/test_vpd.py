@@ -17,8 +17,9 @@ from agentgym_opd.config import ConfigError, dataclass_from_dict
 from agentgym_opd.distill import aligned_teacher_logits
 from agentgym_opd.losses import RunningMean, bco_implicit_reward, bco_loss, token_logprobs
 from agentgym_opd.registry import algorithm_registry
-from algorithms.vpd import (VPD, Phase, VPDConfig, context_logprobs, env_feedback, repeat_tasks,
-                            successful_sibling_by_task)
+from agentgym_opd.algorithm import Step
+from agentgym_opd.distill import successful_sibling
+from algorithms.vpd import VPD, Phase, VPDConfig, context_logprobs, env_feedback, repeat_tasks
 from tiny_rollouts import HOUSEHOLD as ENV
 from tiny_rollouts import tiny_household_rollout
 
@@ -90,20 +91,6 @@ def test_bco_reward_delta_and_loss_match_hand_computation():
     assert float(one_sided) == pytest.approx(sum(-log_sigmoid(-(h - delta)) for h in hand) / 2, rel=1e-6)
 
 
-def test_phase_schedule_runs_an_e_step_first_and_after_every_m_m_steps():
-    phase, ran = Phase(), []
-    for _ in range(9):
-        if phase.e_due(3):
-            phase.ran_e()
-            ran.append("E")
-        else:
-            phase.ran_m()
-            ran.append("M")
-    assert "".join(ran) == "EMMMEMMME"
-    assert repeat_tasks(["a", "b", "c", "d"], 2) == ["a", "a", "b", "b"]
-    assert repeat_tasks(["a", "b", "c"], 2) == ["a", "a", "b"]
-
-
 def test_config_validates_the_feedback_sources_and_registers():
     assert VPDConfig().sources == ("env",) and VPDConfig(feedback="env+sibling").sources == ("env", "sibling")
     with pytest.raises(ConfigError, match="algo.*feedback"):
@@ -119,8 +106,9 @@ def test_differentiable_teacher_view_scores_the_students_tokens_like_the_distill
     policy, batch = rollout
     algo = VPD({}, policy)
     rows = slice(0, len(batch))
-    inputs, keep = algo.teacher_view(batch, rows)
-    assert keep.tolist() == [1.0] * len(batch) and (inputs.offsets > 0).all()
+    state = algo.prepare(batch)
+    inputs = algo.teacher_view(batch, rows, state)
+    assert algo.kept_rows(state).tolist() == [1.0] * len(batch) and (inputs.offsets > 0).all()
     _, _, mask = sequence_logits(policy.model, batch, rows)
     width = mask.shape[1] + 1
     targets = batch.input_ids[:, 1:width]
@@ -135,45 +123,56 @@ def test_feedback_sources_env_sibling_and_self_critique(rollout):
     env_ctx = VPD({}, policy).teacher_context(batch, 1)
     assert batch.episodes[1].feedback in env_ctx and "Task not completed" in env_feedback(batch.episodes[1])
     sib = VPD({"feedback": "sibling"}, policy)
-    assert successful_sibling_by_task(batch, 1) == 0 and successful_sibling_by_task(batch, 0) is None
+    assert successful_sibling(batch, 1) == 0 and successful_sibling(batch, 0) is None
     assert batch.episodes[0].turns[0].action.strip() in sib.teacher_context(batch, 1)
     assert sib.teacher_context(batch, 0) is None  # a row never sees itself as its sibling
     assert sib.teacher_context(batch, 2) is None  # the other task has no success
     crit = VPD({"feedback": "critique", "critique_tokens": 6}, policy)
     texts = crit.critiques(batch)
-    assert len(texts) == len(batch) and crit.critiques(batch) is texts  # generated once per batch
+    state = crit.prepare(batch)  # the batch's C is decided once: E and M steps see the same critique
+    assert len(texts) == len(batch) and len(state.contexts) == len(batch)
     for row, text in enumerate(texts):
-        context = crit.teacher_context(batch, row)
+        context = state.contexts[row]
         assert (context is None) == (text is None) and (text is None or text in context)
 
 
 # ---------------------------------------------------------------------------------------------------- real steps
 
 
-def test_e_step_reference_is_the_weights_at_its_start_and_is_refreshed_at_the_next(fresh):
+def test_e_step_reference_is_the_student_view_at_its_start_and_is_refreshed_at_the_next(fresh):
+    policy, batch = fresh
+    algo = VPD({"e_updates": 2}, policy, optimizer=torch.optim.SGD(policy.model.parameters(), lr=0.1))
+    state = algo.prepare(batch)
+    assert [s.name for s in algo.steps(state)] == ["e", "e"]
+    algo.begin_step(batch, state, Step("e"))
+    with torch.no_grad():  # pi_ref <- pi_theta: the student's own view of its tokens, without the feedback
+        _, want, mask = sequence_logits(policy.model, batch, slice(0, len(batch)))
+    torch.testing.assert_close(state.reference[:, : want.shape[1]] * mask, want * mask)
+    first = state.reference.clone()
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(0.01)
+    algo.begin_step(batch, state, Step("e"))  # the E-step's second update: the same reference
+    assert torch.equal(state.reference, first) and algo.phase.e_steps == 1
+    algo.begin_step(batch, state, Step("e"))  # the next E-step: refreshed from the moved weights
+    assert not torch.equal(state.reference, first)
+    assert algo.delta.count == 3 * len(batch)  # each E-update folds every kept row's reward into delta
+
+
+def test_e_step_then_m_steps_train_and_checkpoint_their_counters(fresh):
     policy, batch = fresh
     algo = VPD({"m_steps_per_e_step": 1, "e_updates": 2, "beta": 0.5, "e_lr_scale": 0.5}, policy,
                optimizer=torch.optim.SGD(policy.model.parameters(), lr=0.1))
     start = weights(policy.model)
     first = algo.update(batch)
-    assert first["phase_e"] == 1.0 and first["phase_m"] == 0.0
+    assert first["phase_e"] == 1.0 and first["phase_m"] == 0.0 and first["e_steps"] == 1.0
     assert algo.optimizer.param_groups[0]["lr"] == 0.1  # the E-step's scaled lr is put back for the M-steps
-    assert same_weights(weights(algo.reference), start)  # pi_ref = pi_theta at the E-step's start
-    assert not same_weights(weights(policy.model), start)  # and the E-step trained the shared network
-    assert first["bco_loss_first"] == pytest.approx(math.log(2), abs=1e-5)  # q = pi_ref: r = 0, delta = 0
-    assert first["bco_chosen"] == 1.0 and first["bco_rejected"] == 3.0
-    # the second update's rewards are real: chosen pushed up, rejected pushed down, loss below log 2
-    assert first["bco_reward_chosen"] > 0 > first["bco_reward_rejected"] and first["bco_loss"] < math.log(2)
-    assert algo.delta.count == 2 * len(batch)  # each E-update folds every kept row's reward into delta
-
+    assert not same_weights(weights(policy.model), start)  # the E-step trained the shared network
+    assert first["bco_chosen"] == 1.0 and first["bco_rejected"] == 3.0 and first["bco_loss"] < math.log(2)
     second = algo.update(batch)
     assert second["phase_m"] == 1.0 and math.isfinite(second["distill_loss"]) and second["kl"] > 0
-    assert same_weights(weights(algo.reference), start)  # M-steps leave the reference alone
-    before_e2 = weights(policy.model)
     third = algo.update(batch)
     assert third["phase_e"] == 1.0 and third["e_steps"] == 2.0 and third["m_steps"] == 1.0
-    assert same_weights(weights(algo.reference), before_e2) and not same_weights(before_e2, start)
-
     state = json.loads(json.dumps(algo.extra_state()))  # checkpointable as plain data
     other = VPD({}, policy)
     other.load_extra_state(state)
@@ -185,12 +184,28 @@ def test_m_step_kl_to_the_feedback_teacher_falls_on_a_fixed_batch(fresh):
     policy, batch = fresh
     algo = VPD({"schedule": "inner", "m_steps_per_e_step": 4}, policy,
                optimizer=torch.optim.SGD(policy.model.parameters(), lr=0.05))
+    state = algo.prepare(batch)
+    _, before = algo.loss(batch, state, Step("m"))
     metrics = algo.update(batch)  # one E-step, then four M-steps on the same batch
     assert metrics["phase_e"] == 1.0 and metrics["phase_m"] == 1.0
     assert metrics["e_steps"] == 1.0 and metrics["m_steps"] == 4.0
-    assert all(math.isfinite(metrics[k]) for k in ("bco_loss", "distill_loss", "kl", "kl_first"))
-    assert metrics["kl_first"] > 1e-4  # feedback in the prompt changes the network's distribution
-    assert metrics["kl"] < metrics["kl_first"]  # the student view moves towards the teacher view
+    assert all(math.isfinite(metrics[k]) for k in ("bco_loss", "distill_loss", "kl"))
+    assert before["kl"] > 1e-4  # feedback in the prompt changes the network's distribution
+    _, after = algo.loss(batch, algo.prepare(batch), Step("m"))
+    assert after["kl"] < before["kl"]  # the student view moves towards the teacher view
+
+
+def test_real_updates_run_an_e_step_first_and_after_every_m_m_steps(fresh):
+    policy, batch = fresh
+    algo = VPD({"m_steps_per_e_step": 3, "e_updates": 1}, policy,
+               optimizer=torch.optim.SGD(policy.model.parameters(), lr=0.01))
+    ran = []
+    for _ in range(5):
+        metrics = algo.update(batch)
+        ran.append("E" if metrics["phase_e"] else "M")
+    assert "".join(ran) == "EMMME" and algo.phase == Phase(e_steps=2, m_steps=3, m_since_e=0)
+    assert repeat_tasks(["a", "b", "c", "d"], 2) == ["a", "a", "b", "b"]
+    assert repeat_tasks(["a", "b", "c"], 2) == ["a", "a", "b"]
 
 
 def test_one_sided_batches_train_unpaired_or_defer_the_e_step(fresh):

@@ -25,6 +25,15 @@ import torch
 from torch import nn
 
 
+def plain_backbone(model: Any) -> Any:
+    """The network without PEFT adapters: a LoRA student's base model (a deep copy with the adapter layers
+    removed, unmerged), or the model itself. The composer puts its own LoRA on a plain copy, and LOPD's
+    teacher is the initial backbone, which for a LoRA student is the base without its adapter."""
+    if hasattr(model, "peft_config"):
+        return copy.deepcopy(model).unload()
+    return model
+
+
 def pair_text(instruction: str, experience_text: str) -> str:
     """How one (current task, retrieved experience) pair is shown to the encoder."""
     return f"Task: {instruction}\nExperience:\n{experience_text}"
@@ -65,6 +74,7 @@ class LatentComposer(nn.Module):
 
         if num_latents < 1:
             raise ValueError(f"num_latents must be >= 1, got {num_latents}")
+        backbone = plain_backbone(backbone)
         body = getattr(backbone, "model", backbone)  # the transformer body of a *ForCausalLM
         encoder = copy.deepcopy(body)
         targets = sorted({name.rsplit(".", 1)[-1] for name, m in encoder.named_modules()
