@@ -1,5 +1,10 @@
 """The multi-turn rollout engine: N envs in parallel, one batched `generate` per turn.
 
+KV reuse across turns: with a backend that offers `session()` (HF), each episode keeps its KV cache for
+the whole episode, so a turn encodes only the observation suffix and decodes the new action; a finished
+episode's cache rows are released at once. A backend without sessions (vLLM) gets the whole sequence
+each turn and reuses the history through its prefix cache (`enable_prefix_caching`).
+
 Token bookkeeping is incremental. An episode's ids are the first prompt (chat template of system + first
 observation + assistant header), then per turn the sampled ids exactly as sampled (never re-tokenised,
 so a teacher can score the student's very tokens), then the template text that closes the assistant
@@ -30,7 +35,7 @@ import torch
 
 from agentgym_opd.action_parsing import ActionParser, get_parser
 from agentgym_opd.core import TextEnv
-from agentgym_opd.policy.base import Policy, SamplingParams
+from agentgym_opd.policy.base import DecodeSession, Policy, SamplingParams
 from agentgym_opd.policy.chat import turn_suffix_text
 from agentgym_opd.types import Episode, StepError, Turn
 from agentgym_opd.vector import VectorTextEnv
@@ -128,12 +133,15 @@ class RolloutEngine:
         lives = [self._start(k, seed + k, obs, info, groups[k], vec.envs[k],
                              contexts[groups[k]] if contexts is not None else None)
                  for k, (obs, info) in enumerate(resets)]
+        session = self.policy.session() if callable(getattr(self.policy, "session", None)) else None
         turn = 0
         while True:
             running = [lv for lv in lives if not lv.done]
             if not running:
                 break
-            self._play_turn(vec, running, turn)
+            self._play_turn(vec, running, turn, session)
+            if session is not None:
+                session.release([lv.env_index for lv in running if lv.done])
             turn += 1
         return self._batch(lives)
 
@@ -153,9 +161,13 @@ class RolloutEngine:
             episode.metadata["context_truncated"] = True
         return live
 
-    def _play_turn(self, vec: VectorTextEnv, running: list[_Live], turn: int) -> None:
+    def _play_turn(self, vec: VectorTextEnv, running: list[_Live], turn: int, session: DecodeSession | None) -> None:
         seeds = [lv.seed * 1_000_003 + turn for lv in running]
-        gens = self.policy.generate([lv.ids for lv in running], self.sampling, seeds=seeds)  # type: ignore[call-arg]
+        if session is not None:  # each episode's KV cache is kept: only the new observation is encoded
+            gens = session.generate([lv.env_index for lv in running], [lv.ids for lv in running], self.sampling,
+                                    seeds=seeds)
+        else:  # a backend without sessions (vLLM): whole sequences, its prefix cache reuses the history
+            gens = self.policy.generate([lv.ids for lv in running], self.sampling, seeds=seeds)  # type: ignore[call-arg]
         actions: list[str | None] = [None] * vec.num_envs
         parsed: dict[int, tuple[str | None, StepError | None]] = {}
         for lv, gen in zip(running, gens):
