@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from agentgym_opd.distill import DistillConfig, DistillationAlgorithm, TeacherInputs, aligned_teacher_logits
+from agentgym_opd.distill import (AlignedTeacher, DistillConfig, DistillationAlgorithm, TeacherInputs,
+                                  aligned_teacher_hidden, aligned_teacher_logits)
 from agentgym_opd.rollout import RolloutBatch
 
 
@@ -61,3 +62,6 @@ class OPD(DistillationAlgorithm):
 
     def teacher_logits(self, inputs: TeacherInputs, width: int) -> torch.Tensor:
         return aligned_teacher_logits(self.teacher.model, inputs, width)
+
+    def teacher_hidden(self, inputs: TeacherInputs, width: int) -> AlignedTeacher | None:
+        return aligned_teacher_hidden(self.teacher.model, inputs, width)
