@@ -31,7 +31,7 @@ from agentgym_opd.algorithm import Algorithm, sequence_logits
 from agentgym_opd.config import constrained
 from agentgym_opd.losses import (TopM, aggregate_token_loss, full_vocab_divergence, sampled_token_surrogate,
                                  token_logprobs, topm_distillation, topm_divergence)
-from agentgym_opd.policy.hf import chunk_positions, final_hidden_states, output_logits
+from agentgym_opd.policy.hf import chunk_positions, chunked_over_positions, final_hidden_states, output_logits
 from agentgym_opd.rollout import RolloutBatch
 from agentgym_opd.types import Episode, Task
 
@@ -264,12 +264,10 @@ def chunked_distillation_terms(student_model: Any, ids: torch.Tensor, attention:
     The student's body runs once (with gradient); then, per chunk, both final norms' outputs go through
     their ``lm_head`` and the per-token divergence is taken. Every per-token quantity depends on its own
     position only, so the result equals the whole-sequence computation; but only one chunk's
-    vocabulary-sized tensors exist at any time, in the forward and, through activation checkpointing
-    (the chunk is recomputed during backward), in the backward too. ``ids``/``attention`` ``[b, W]``,
+    vocabulary-sized tensors exist at any time, in the forward and (the chunk is recomputed during
+    backward, see :func:`agentgym_opd.policy.hf.chunked_over_positions`) in the backward too. ``ids``/``attention`` ``[b, W]``,
     ``mask`` ``[b, W - 1]`` (already zero on masked rows).
     """
-    from torch.utils.checkpoint import checkpoint
-
     hidden = final_hidden_states(student_model, ids, attention)[:, :-1]
     targets = ids[:, 1:]
     vocab = student_model.get_output_embeddings().weight.shape[0]
@@ -283,13 +281,7 @@ def chunked_distillation_terms(student_model: Any, ids: torch.Tensor, attention:
         kl = reverse_kl_per_token(student_logits, teacher_logits, m)
         return per_token, kl, token_logprobs(student_logits, target)
 
-    parts = []
-    for start in range(0, hidden.shape[1], step):
-        end = min(start + step, hidden.shape[1])
-        h = hidden[:, start:end]
-        parts.append(checkpoint(one_chunk, h, start, end, use_reentrant=False) if h.requires_grad
-                     else one_chunk(h, start, end))
-    per_token, kl, student_logp = (torch.cat([p[k] for p in parts], dim=1) for k in range(3))
+    per_token, kl, student_logp = chunked_over_positions(student_model, hidden, one_chunk, step)
     return DistillTerms(per_token, mask, kl.detach(), student_logp)
 
 
@@ -299,8 +291,6 @@ def scored_distillation_terms(student_model: Any, ids: torch.Tensor, attention: 
     """The same terms against a scoring-only teacher (:func:`aligned_teacher_scores`): its top-M + tail, or
     its log-probs of the sampled ids. ``kl`` is then the top-M + tail estimate of the reverse KL (the exact
     one needs the teacher's full distribution, which such a teacher does not ship)."""
-    from torch.utils.checkpoint import checkpoint
-
     if config.estimator != "sampled" and (config.top_m == 0 or config.top_m_support != "teacher"):
         raise ValueError("a scoring-only teacher (e.g. model.teacher_backend=vllm) ships its own top-M and the "
                          "sampled ids' log-probs only: use algo.top_m>0 with algo.top_m_support=teacher, or "
@@ -331,13 +321,7 @@ def scored_distillation_terms(student_model: Any, ids: torch.Tensor, attention: 
         kl = topm_divergence(student_logits.detach(), part, m, "reverse_kl", tail=True)
         return per_token, kl, student_logp
 
-    parts = []
-    for start in range(0, hidden.shape[1], step):
-        end = min(start + step, hidden.shape[1])
-        h = hidden[:, start:end]
-        parts.append(checkpoint(one_chunk, h, start, end, use_reentrant=False) if h.requires_grad
-                     else one_chunk(h, start, end))
-    per_token, kl, student_logp = (torch.cat([p[k] for p in parts], dim=1) for k in range(3))
+    per_token, kl, student_logp = chunked_over_positions(student_model, hidden, one_chunk, step)
     return DistillTerms(per_token, mask, kl.detach(), student_logp)
 
 
