@@ -31,6 +31,7 @@ from agentgym_opd.algorithm import Algorithm, sequence_logits
 from agentgym_opd.config import constrained
 from agentgym_opd.losses import (TopM, aggregate_token_loss, full_vocab_divergence, sampled_token_surrogate,
                                  token_logprobs, topm_distillation, topm_divergence)
+from agentgym_opd.profiling import phase
 from agentgym_opd.policy.hf import chunk_positions, chunked_over_positions, final_hidden_states, output_logits
 from agentgym_opd.rollout import RolloutBatch
 from agentgym_opd.types import Episode, Task
@@ -446,8 +447,9 @@ class DistillationAlgorithm(Algorithm):
     def distillation_terms(self, batch: RolloutBatch, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(per_token_loss, mask, student_logits, teacher_logits, student_logp)`` for ``rows``; masked rows zeroed."""
         student_logits, student_logp, mask = sequence_logits(self.model, batch, rows)
-        inputs, keep = self.teacher_view(batch, rows)
-        teacher_logits = self.teacher_logits(inputs, student_logits.shape[1] + 1)
+        with phase("teacher"):
+            inputs, keep = self.teacher_view(batch, rows)
+            teacher_logits = self.teacher_logits(inputs, student_logits.shape[1] + 1)
         mask = mask * keep.to(mask.device)[:, None]
         width = student_logits.shape[1] + 1
         targets = batch.input_ids[rows][:, 1:width].to(student_logits.device)
@@ -461,16 +463,18 @@ class DistillationAlgorithm(Algorithm):
         attention = batch.attention_mask[rows]
         width = int(attention.sum(dim=1).max())
         ids, attention = batch.input_ids[rows][:, :width].to(device), attention[:, :width].to(device)
-        inputs, keep = self.teacher_view(batch, rows)
+        with phase("teacher"):
+            inputs, keep = self.teacher_view(batch, rows)
+            teacher = self.teacher_hidden(inputs, width)
+            scorer = self.teacher_scorer() if teacher is None else None
+            if scorer is not None:
+                logp, topm = aligned_teacher_scores(scorer, inputs, width,
+                                                    self.config.top_m if self.config.estimator != "sampled" else 0)
         mask = batch.loss_mask[rows][:, 1:width].to(device).float() * keep.to(device)[:, None]
-        teacher = self.teacher_hidden(inputs, width)
         if teacher is not None:
             return chunked_distillation_terms(self.model, ids, attention, mask, teacher, self.config)
-        scorer = self.teacher_scorer()
         if scorer is None:
             return None
-        logp, topm = aligned_teacher_scores(scorer, inputs, width,
-                                            self.config.top_m if self.config.estimator != "sampled" else 0)
         return scored_distillation_terms(self.model, ids, attention, mask, logp, topm, self.config)
 
     def compute_loss(self, batch: RolloutBatch, rows: slice) -> tuple[torch.Tensor, dict[str, float]]:
