@@ -108,7 +108,9 @@ class RolloutEngine:
     ) -> RolloutBatch:
         """Run G rollouts for each task (task ids via `tasks`, or env-chosen tasks via `reset_seeds`).
 
-        `envs` is an env id (envs are made here) or a list of len(tasks) * G envs to use. `contexts` (one per
+        `envs` is an env id (envs are made here), a list of len(tasks) * G envs to use, or a vector env of
+        that size from either executor (`agentgym_opd.executors.make_vector_env(..., executor="ray")`: the
+        envs step in Ray actors while the policy samples here). `contexts` (one per
         task, or None) is extra text appended to the first user message, e.g. privileged context for a
         warm start that teaches a network to read it; see `agentgym_opd.distill.with_context`.
         """
@@ -120,7 +122,12 @@ class RolloutEngine:
         n = len(keys) * group_size
         if n == 0:
             raise ValueError("collect: no tasks given")
-        vec = VectorTextEnv.make(envs, n, **env_overrides) if isinstance(envs, str) else VectorTextEnv(list(envs))
+        if isinstance(envs, str):
+            vec = VectorTextEnv.make(envs, n, **env_overrides)
+        elif callable(getattr(envs, "step", None)) and hasattr(envs, "num_envs"):
+            vec = envs  # a vector env of either executor: VectorTextEnv, or RayVectorTextEnv's actors
+        else:
+            vec = VectorTextEnv(list(envs))
         if vec.num_envs != n:
             raise ValueError(f"collect: {len(keys)} tasks x group_size {group_size} needs {n} envs, got {vec.num_envs}")
         groups = [i for i in range(len(keys)) for _ in range(group_size)]
@@ -130,7 +137,7 @@ class RolloutEngine:
             resets = vec.reset(seeds=[int(keys[g]) for g in groups])
         if contexts is not None and len(contexts) != len(keys):
             raise ValueError(f"collect: {len(contexts)} contexts for {len(keys)} tasks")
-        lives = [self._start(k, seed + k, obs, info, groups[k], vec.envs[k],
+        lives = [self._start(k, seed + k, obs, info, groups[k], self._turn_limit(vec, k),
                              contexts[groups[k]] if contexts is not None else None)
                  for k, (obs, info) in enumerate(resets)]
         session = self.policy.session() if callable(getattr(self.policy, "session", None)) else None
@@ -146,14 +153,31 @@ class RolloutEngine:
         return self._batch(lives)
 
     # ------------------------------------------------------------------ internals
-    def _start(self, k: int, rollout_seed: int, obs: str, info: dict, group: int, env: TextEnv,
+    @staticmethod
+    def _turn_limit(vec: Any, k: int) -> int:
+        """Env k's `max_turns`: read off the env in this process, or, for envs living in Ray actors, off a
+        local copy built once per recipe (`EnvSpec`) just to read it."""
+        if hasattr(vec, "envs"):
+            return int(vec.envs[k].max_turns)
+        spec = vec.specs[k]
+        cache = vec.__dict__.setdefault("_turn_limits", {})
+        key = (spec.describe(), repr(sorted(spec.kwargs.items())))
+        if key not in cache:
+            env = spec.build()
+            try:
+                cache[key] = int(env.max_turns)
+            finally:
+                env.close()
+        return cache[key]
+
+    def _start(self, k: int, rollout_seed: int, obs: str, info: dict, group: int, max_turns: int,
                context: str | None = None) -> _Live:
         messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
         messages.append({"role": "user", "content": obs if not context else f"{obs}\n\n{context}"})
         ids = self.policy.apply_chat_template(messages, add_generation_prompt=True)
         episode = Episode(task=info["task"], initial_observation=obs,
                           metadata={"rollout_seed": rollout_seed, "group": group, "context_truncated": False,
-                                    "max_turns": env.max_turns, "prompt_length": len(ids),
+                                    "max_turns": max_turns, "prompt_length": len(ids),
                                     "first_prompt": [dict(m) for m in messages]})
         live = _Live(episode, k, rollout_seed, messages, list(ids), [0] * len(ids), [-1] * len(ids), [0.0] * len(ids))
         if len(ids) + self.sampling.max_new_tokens > self.max_context_tokens:

@@ -97,3 +97,25 @@ def test_session_continuation_equals_encoding_the_whole_sequence(policy):
     assert again[0].token_ids == policy.generate([grown[1] + later[1].token_ids + [5]], params, seeds=[9])[0].token_ids
     with pytest.raises(ValueError, match="does not extend"):
         session.generate([1], [prompts[0]], params)
+
+
+def test_engine_plays_the_same_episodes_over_the_ray_executors_envs(policy):
+    """The policy samples here while the envs step in Ray actors: the same episodes as with local envs."""
+    ray = pytest.importorskip("ray")
+    from agentgym_opd.executors import make_vector_env
+
+    engine = RolloutEngine(policy, SamplingParams(max_new_tokens=8, temperature=1.0), action_parser=first_line)
+    tasks = agentgym_opd.make(ENV).task_ids()[:2]
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False)
+    remote = make_vector_env(ENV, 2, executor="ray", actor_options={"num_cpus": 0.5}, max_turns=3)
+    try:
+        over_ray = engine.collect(remote, tasks, seed=7)
+    finally:
+        remote.close()
+    local = engine.collect([agentgym_opd.make(ENV, max_turns=3) for _ in tasks], tasks, seed=7)
+    assert [ep.num_turns for ep in over_ray.episodes] == [ep.num_turns for ep in local.episodes] == [3, 3]
+    for a, b in zip(over_ray.episodes, local.episodes):
+        assert a.input_ids == b.input_ids
+        assert [t.observation for t in a.turns] == [t.observation for t in b.turns]
+        assert a.metadata["max_turns"] == 3
