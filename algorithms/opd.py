@@ -39,6 +39,8 @@ def check_same_tokenizer(student: Any, teacher: Any) -> None:
         raise ValueError(f"teacher and student tokenizers differ ({len(s_vocab)} vs {len(t_vocab)} tokens, "
                          f"{differ} entries differ): on-policy distillation re-scores the student's token ids, "
                          "so pick a teacher of the same model family (same tokenizer)")
+    if not hasattr(teacher, "model"):  # a served teacher ships log-probs by id: the tokenizer check suffices
+        return
     s_out = student.model.get_output_embeddings().weight.shape[0]
     t_out = teacher.model.get_output_embeddings().weight.shape[0]
     if s_out != t_out:
@@ -55,7 +57,8 @@ class OPD(DistillationAlgorithm):
     def __init__(self, config: Any, student: Any, teacher: Any = None, **kwargs: Any):
         super().__init__(config, student, teacher, **kwargs)
         check_same_tokenizer(student, teacher)
-        self.teacher.model.eval().requires_grad_(False)
+        if hasattr(self.teacher, "model"):  # in process; else a served teacher (model.teacher_backend=vllm)
+            self.teacher.model.eval().requires_grad_(False)
 
     def teacher_context(self, batch: RolloutBatch, row: int) -> str | None:
         return ""  # the same history, nothing more: the teacher is better by itself
@@ -64,4 +67,7 @@ class OPD(DistillationAlgorithm):
         return aligned_teacher_logits(self.teacher.model, inputs, width)
 
     def teacher_hidden(self, inputs: TeacherInputs, width: int) -> AlignedTeacher | None:
-        return aligned_teacher_hidden(self.teacher.model, inputs, width)
+        return aligned_teacher_hidden(self.teacher.model, inputs, width) if hasattr(self.teacher, "model") else None
+
+    def teacher_scorer(self) -> Any:
+        return None if hasattr(self.teacher, "model") else self.teacher  # a served teacher: its `score`

@@ -125,3 +125,30 @@ def test_algorithm_loss_on_the_chunked_path_equals_the_full_logit_path(rollout, 
     full_loss, full_metrics = method.compute_loss(batch, rows)
     assert abs(float(loss) - float(full_loss)) < 1e-5
     assert abs(metrics["kl"] - full_metrics["kl"]) < 1e-5 and metrics["kl"] > 0
+
+
+class ScoringOnlyTeacher:
+    """A teacher reachable only through `Policy.score` (what a served vLLM teacher offers): no `.model`."""
+
+    def __init__(self, policy: HFPolicy):
+        self._policy, self.tokenizer = policy, policy.tokenizer
+
+    def score(self, contexts, continuations, top_m=0, grad=False, *, support_ids=None):
+        if grad or support_ids is not None:
+            raise NotImplementedError("served teachers score their own top-M without gradients")
+        return self._policy.score(contexts, continuations, top_m=top_m)
+
+
+@pytest.mark.parametrize("algo", [{"top_m": 8, "top_m_support": "teacher"}, {"estimator": "sampled"}],
+                         ids=["topm-teacher-support", "sampled"])
+def test_opd_against_a_scoring_only_teacher_equals_the_in_process_teacher(rollout, teacher, algo):
+    policy, batch = rollout
+    rows = slice(0, len(batch))
+    served = OPD(algo, policy, ScoringOnlyTeacher(teacher))
+    assert served.teacher_hidden is not None and served.teacher_scorer() is not None
+    loss, _ = served.compute_loss(batch, rows)
+    reference, _ = OPD(algo, policy, teacher).compute_loss(batch, rows)
+    assert abs(float(loss.detach()) - float(reference.detach())) < 1e-5
+    loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.model.parameters())
+    policy.model.zero_grad()
