@@ -71,6 +71,9 @@ class ModelConfig:
     student: str | None = constrained(None, help="path of the student model (or a tiny-model spec)")
     teacher: str | None = constrained(None, help="path of a separate teacher (opd, sage_opd); None for self-teachers")
     backend: str = constrained("hf", choices=("hf", "vllm"), help="policy backend for rollouts")
+    teacher_backend: str = constrained("hf", choices=("hf", "vllm"),
+                                       help="where a separate teacher (model.teacher) runs: in-process HF, or a "
+                                            "vLLM engine scoring the student's ids with prompt log-probs")
     dtype: str = constrained("float32", choices=("float32", "bfloat16", "float16"))
     device: str = constrained("auto", help="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     gguf_file: str | None = constrained(None, help="GGUF file inside the student folder, for GGUF checkpoints")

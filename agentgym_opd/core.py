@@ -59,6 +59,10 @@ class EnvMisuseError(RuntimeError):
     """The caller used the env out of order (step before reset, step after the episode ended)."""
 
 
+class ActionTypeError(EnvMisuseError, TypeError):
+    """`step` was given something that is not text: a caller bug (a TypeError, and misuse for the steppers)."""
+
+
 class UnknownTaskError(KeyError):
     """A task id that the split does not have; the message lists the closest ids."""
 
@@ -275,7 +279,7 @@ class TextEnv(gym.Env[str, str]):
         if self.done:
             raise EnvMisuseError(f"{self.env_id}: the episode is over (turn {self.turn}); call reset() to start a new one")
         if not isinstance(action, str):
-            raise TypeError(f"{self.env_id}: an action is a str, got {type(action).__name__}")
+            raise ActionTypeError(f"{self.env_id}: an action is a str, got {type(action).__name__}")
         stripped = action.strip()
         if len(action) > self.max_action_chars:
             return StepError(

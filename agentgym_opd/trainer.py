@@ -86,22 +86,44 @@ def make_vllm_engine(config: RunConfig) -> Any:
 
     Under torchrun every rank runs its own engine beside its trainer (colocated); tensor parallelism
     (``model.vllm_tensor_parallel_size``) spans GPUs within one rank's engine."""
-    from agentgym_opd.policy.vllm_backend import VLLMPolicy
-
     m = config.model
     if m.lora_rank and config.train.strategy == "fsdp":
         raise ValueError("model.backend=vllm with LoRA under FSDP is not supported: use train.strategy=ddp or full weights")
-    path = m.student
-    if path == TINY_STUDENT:
-        from agentgym_opd.policy.tiny import default_tiny_model
+    return _vllm_policy(m.student, config, "model.backend=vllm")
 
-        path = str(default_tiny_model())
+
+def _vllm_policy(path: str | None, config: RunConfig, what: str, max_logprobs: int | None = None) -> Any:
+    from agentgym_opd.policy.vllm_backend import load_vllm_policy
+
+    m = config.model
     try:
-        return VLLMPolicy(path, dtype=m.dtype, max_model_len=m.max_seq_len + config.rollout.max_new_tokens,
-                          seed=config.seed, tensor_parallel_size=m.vllm_tensor_parallel_size,
-                          gpu_memory_utilization=m.vllm_gpu_memory_utilization)
+        return load_vllm_policy(path, dtype=m.dtype, max_model_len=m.max_seq_len + config.rollout.max_new_tokens,  # type: ignore[arg-type]
+                                seed=config.seed, tensor_parallel_size=m.vllm_tensor_parallel_size,
+                                gpu_memory_utilization=m.vllm_gpu_memory_utilization, max_logprobs=max_logprobs)
     except ImportError as err:
-        raise ValueError(f"model.backend=vllm: {err}") from err
+        raise ValueError(f"{what}: {err}") from err
+
+
+def load_teacher(config: RunConfig, algo_config: Any) -> Any:
+    """The separate teacher of ``model.teacher``: an HF policy, or (``model.teacher_backend=vllm``) a served one.
+
+    A served teacher returns the log-probs of the student's exact ids and its own top-k at every position
+    (vLLM prompt log-probs), not full logits or log-probs at the student's top-M ids, so the divergence
+    must use the teacher's support or the sampled-token estimator; anything else is refused here."""
+    m = config.model
+    if not m.teacher:
+        if m.teacher_backend != "hf":
+            raise ValueError(f"model.teacher_backend={m.teacher_backend} needs a separate teacher: pass --teacher PATH")
+        return None
+    if m.teacher_backend == "hf":
+        return load_policy(m.teacher, config, trainable=False)
+    top_m = int(getattr(algo_config, "top_m", 0) or 0)
+    sampled = getattr(algo_config, "estimator", "full") == "sampled"
+    if not sampled and (top_m == 0 or getattr(algo_config, "top_m_support", "teacher") != "teacher"):
+        raise ValueError("model.teacher_backend=vllm serves the log-probs of the student's ids and the teacher's "
+                         "own top-M, not full logits: set algo.top_m=M (e.g. 64) with algo.top_m_support=teacher, "
+                         "or algo.estimator=sampled, or use model.teacher_backend=hf")
+    return _vllm_policy(m.teacher, config, "model.teacher_backend=vllm", max_logprobs=top_m)
 
 
 def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
@@ -143,7 +165,7 @@ class Trainer:
         self.eval_env_overrides = {"max_turns": config.rollout.max_turns, **(eval_env_overrides or env_overrides or {})}
         torch.manual_seed(config.seed)
         self.student = load_policy(config.model.student, config, trainable=True)
-        self.teacher = load_policy(config.model.teacher, config, trainable=False) if config.model.teacher else None
+        self.teacher = load_teacher(config, algo_config)
         t = config.train
         params = [p for p in self.student.model.parameters() if p.requires_grad]
         if t.optimizer == "adamw":

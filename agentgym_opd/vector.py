@@ -4,14 +4,24 @@ Why not `gymnasium.vector.SyncVectorEnv`: it merges per-env `info` dicts into ar
 auto-resets finished envs, while a multi-turn rollout needs each env's own `Task`, `StepError` and end of
 episode untouched, and envs that finish at different turns to simply drop out of the batch. So this
 stepper keeps per-env results as lists and steps only the envs it is given actions for.
+
+An action is agent text, and agent text is adversarial: whatever an env raises while stepping one (a
+parser's RecursionError, a backend's bug) ends *that* episode with an `env_crash` StepError and the
+other envs of the batch go on. Only misuse by the caller (`EnvMisuseError`: stepping a finished env)
+still raises, because that is a bug in the code driving the envs, not in the agent's output.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from agentgym_opd.core import TextEnv
+from agentgym_opd.core import EnvMisuseError, TextEnv
+from agentgym_opd.types import StepError
+
+logger = logging.getLogger(__name__)
+CRASH_MESSAGE_CHARS = 300  # of the exception's text, in the StepError a model may be shown
 
 
 @dataclass(slots=True)
@@ -92,7 +102,12 @@ class VectorTextEnv:
                 continue
             if not self.active[i]:
                 raise RuntimeError(f"env {i} is not running (finished or never reset); pass None for it")
-            res = StepResult(*env.step(action))
+            try:
+                res = StepResult(*env.step(action))
+            except EnvMisuseError:
+                raise
+            except Exception as exc:  # the env failed on this action: this episode ends, the batch goes on
+                res = crash_result(env, exc)
             if res.done:
                 self.active[i] = False
             results.append(res)
@@ -101,3 +116,20 @@ class VectorTextEnv:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def crash_result(env: TextEnv, exc: BaseException) -> StepResult:
+    """The step result of an env that raised while handling an action: truncated, reward 0, `env_crash`.
+
+    The env is marked done (its state after an exception is unknown), so only a reset uses it again."""
+    text = f"{type(exc).__name__}: {exc}"
+    if len(text) > CRASH_MESSAGE_CHARS:
+        text = text[: CRASH_MESSAGE_CHARS - 4] + " ..."
+    message = f"The environment failed while handling this action ({text}); the episode ends here."
+    logger.warning("%s: env_crash on turn %s: %s", getattr(env, "env_id", type(env).__name__),
+                   getattr(env, "turn", "?"), text.replace("\n", " "))
+    env.done = True
+    turn = getattr(env, "turn", 0)
+    info = {"turn": turn, "error": StepError("env_crash", message), "feedback": message, "success": False,
+            "score": 0.0, "admissible_actions": None, "exception": type(exc).__name__}
+    return StepResult(message, 0.0, False, True, info)

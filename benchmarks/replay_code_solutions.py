@@ -1,4 +1,4 @@
-"""Replay every reference solution of the code benchmarks through the sandbox and report pass counts.
+"""Replay every reference solution of the code benchmarks through the sandbox's checker and report pass counts.
 
 The test suite runs all 164 HumanEval solutions and seeded samples of the others; this script runs all
 of them (HumanEval 164, HumanEval+ 164, MBPP 974, sanitized MBPP 427, every split), so a change to the
@@ -15,16 +15,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from environments.code.env import DATASETS, load_problems
-from environments.code.programs import test_program_parts
-from environments.code.sandbox import run_program
+from environments.code.programs import candidate_source, test_spec
+from environments.code.sandbox import run_checked
 
 
 def replay(dataset: str, data_root, workers: int, timeout_s: float) -> tuple[int, list[tuple[str, str]], float]:
     problems = load_problems(dataset, data_root)
 
     def run(problem):
-        program, first_test_line = test_program_parts(problem, problem.solution)
-        return problem.task_id, run_program(program, timeout_s=timeout_s, first_test_line=first_test_line)
+        return problem.task_id, run_checked(test_spec(problem), candidate_source(problem, problem.solution), timeout_s=timeout_s)
 
     start = time.perf_counter()
     with ThreadPoolExecutor(workers) as pool:

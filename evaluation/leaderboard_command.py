@@ -1,36 +1,104 @@
-"""`agentgym-opd leaderboard add RECORD... | build [--root DIR]`."""
+"""`agentgym-opd leaderboard [--root DIR] add RECORD... | build [--check] | reproduce RECORD | stamp RECORD... | import-bench OUT_DIR`.
+
+Exit codes: 0 done; 1 ``build --check`` found the committed outputs stale, or ``reproduce`` got another
+number; 2 bad input (a record that does not validate, a duplicate, a file that is no record), with one
+``error:`` line and no traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from evaluation.leaderboard import Leaderboard
 from evaluation.records import RecordError
 
-HELP = "add result records to the leaderboard and render its table and page"
+HELP = "publish result records on the leaderboard, render its tables and page, rerun a record"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", default="leaderboard", help="leaderboard folder (default: ./leaderboard)")
     sub = parser.add_subparsers(dest="action", required=True)
-    add = sub.add_parser("add", help="validate and publish result records (JSON files)")
+    add = sub.add_parser("add", help="validate and publish result records (JSON files), then rebuild")
     add.add_argument("records", nargs="+")
     add.add_argument("--no-build", action="store_true", help="do not re-render the tables afterwards")
-    sub.add_parser("build", help="render LEADERBOARD.md, leaderboard.csv and index.html")
+    build = sub.add_parser("build", help="render LEADERBOARD.md, leaderboard.csv, index.html and the episode pages")
+    build.add_argument("--check", action="store_true",
+                       help="write nothing; exit 1 if the files on disk differ from what the records make")
+    rep = sub.add_parser("reproduce", help="rerun a record's command on CPU and compare the numbers")
+    rep.add_argument("record", help="a record file (e.g. leaderboard/records/<id>.json)")
+    rep.add_argument("--add", action="store_true", help="publish the rerun as a 'reproduced' record")
+    rep.add_argument("--timeout", type=float, default=3600, help="seconds the rerun may take (default 3600)")
+    stamp = sub.add_parser("stamp", help="add provenance to records written by `agentgym-opd eval` (in place)")
+    stamp.add_argument("records", nargs="+")
+    stamp.add_argument("--command", required=True, help="the `agentgym-opd eval ...` command that wrote them, quoted")
+    imp = sub.add_parser("import-bench", help="publish a finished bench's records with provenance and episodes")
+    imp.add_argument("output_dir", help="the bench's --output-dir")
+    imp.add_argument("--episodes", type=int, default=3, help="evaluation episodes kept per run, held-out split (default 3)")
+    imp.add_argument("--command", default=None,
+                     help="the bench command as run (default: rebuilt from the bench's settings)")
 
 
 def run(args: argparse.Namespace) -> int:
     board = Leaderboard(args.root)
     try:
+        if args.action == "reproduce":
+            return _reproduce(board, args)
+        if args.action == "stamp":
+            return _stamp(board, args)
+        if args.action == "import-bench":
+            from evaluation.bench_import import import_bench
+
+            import_bench(args.output_dir, board, command=args.command.split() if args.command else None,
+                         episodes=args.episodes)
         if args.action == "add":
             for path in args.records:
                 print(f"added {board.add(path)}")
             if args.no_build:
                 return 0
+        if args.action == "build" and args.check:
+            stale = [str(p) for p, text in board.outputs().items() if not p.is_file() or p.read_text(encoding="utf-8") != text]
+            for p in stale:
+                print(f"stale: {p}", file=sys.stderr)
+            if stale:
+                print("run `agentgym-opd leaderboard build` and commit the result", file=sys.stderr)
+            return 1 if stale else 0
         for out in board.build():
             print(f"wrote {out}")
     except RecordError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _stamp(board: Leaderboard, args: argparse.Namespace) -> int:
+    import shlex
+
+    from evaluation.provenance import stamp_eval_record
+    from evaluation.records import validate_record
+
+    command = shlex.split(args.command)
+    for path in args.records:
+        record = stamp_eval_record(board.read_record(path), command)
+        validate_record(record)
+        Path(path).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        print(f"stamped {path}")
+    return 0
+
+
+def _reproduce(board: Leaderboard, args: argparse.Namespace) -> int:
+    from evaluation.reproduce import format_report, reproduce
+
+    record = board.read_record(Path(args.record))
+    ok, new, rows = reproduce(record, timeout_s=args.timeout)
+    print(f"reproduce {record['algorithm']} on {record['env_id']} seed {record['seed']}: "
+          + ("same numbers" if all(r["old"] == r["new"] for r in rows) else "numbers differ"))
+    print(format_report(rows))
+    if args.add:
+        print(f"added {board.add(new)}")
+        board.build()
+    else:
+        print(json.dumps({"origin": new["origin"], "metrics": new["metrics"]}), file=sys.stderr)
+    return 0 if ok else 1

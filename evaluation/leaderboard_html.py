@@ -1,94 +1,228 @@
-"""The static HTML page of the leaderboard: the same tables as the Markdown, plus training-curve plots.
+"""The static HTML page of the leaderboard, and one episode page per run that kept episodes.
 
-Plots are inline SVG written here (success rate against rollout budget, one line per algorithm and env
-split), so the page is one self-contained file with no JavaScript and no plotting dependency.
+`index.html`: per env family, the ranked table (primary metric per split with 95% intervals, budget,
+teacher), the per-error-kind breakdown, and matplotlib curves of success against rollout episodes. The
+tables sort by any column (click its header) and filter by protocol (a menu): a few lines of inline
+JavaScript, so the page works opened from disk, with no server and no network. The layout keeps the
+method and the primary-metric columns first and lets names wrap, so the ranking and its intervals fit a
+1280-pixel window without sideways scrolling.
+
+`episodes/<record id>.html`: the kept evaluation episodes of one record, turn by turn: the action (each
+agent token shaded by the per-token teacher-student divergence the method's loss computed on it, exact
+value on hover), the observation, the error kind, and SAGE-OPD's turn label and weight.
+
+Every text from a record is escaped with ``html.escape``; nothing from a record reaches a script.
 """
 
 from __future__ import annotations
 
 from html import escape
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from evaluation.records import env_family
+from evaluation.leaderboard_plots import curve_svg, mean_curve
 
 if TYPE_CHECKING:
-    from evaluation.leaderboard import Leaderboard, Row
+    from evaluation.leaderboard import FamilyTable, Leaderboard, Row
 
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
-table { border-collapse: collapse; margin-bottom: 1.5rem; font-size: 0.9rem; }
-th, td { border: 1px solid #ccc; padding: 0.3rem 0.6rem; text-align: right; }
-th { background: #f3f3f3; } td.name { text-align: left; }
-td.best { font-weight: bold; background: #eaf6ea; }
-figure { display: inline-block; margin: 0 1.5rem 1.5rem 0; } figcaption { font-size: 0.85rem; }
+body { font-family: system-ui, -apple-system, "DejaVu Sans", sans-serif; margin: 1.2rem 1.5rem; color: #222; max-width: 1240px; }
+h1 { font-size: 1.5rem; margin: 0 0 .4rem; } h2 { font-size: 1.2rem; margin: 1.6rem 0 .4rem; }
+p.note { font-size: .85rem; color: #555; margin: .2rem 0 .6rem; }
+table { border-collapse: collapse; margin: .3rem 0 1rem; font-size: .82rem; }
+th, td { border: 1px solid #d0d0d0; padding: .25rem .45rem; text-align: right; vertical-align: top; }
+th { background: #f1f3f5; cursor: pointer; user-select: none; } th.nosort { cursor: default; }
+td.name { text-align: left; max-width: 13rem; overflow-wrap: anywhere; } td.small { font-size: .75rem; color: #555; text-align: left; max-width: 11rem; overflow-wrap: anywhere; }
+td.primary { font-variant-numeric: tabular-nums; white-space: nowrap; } td.primary b { font-size: .9rem; }
+td.rankcol { background: #fbfbfb; } tr.differs td.name::after { content: " \\2731"; color: #c0392b; }
+tr.differs { background: #fff8f0; } span.ci { color: #666; }
+td.best { background: #e8f5e9; font-weight: 600; }
+.controls { font-size: .85rem; margin: .2rem 0; } select { font-size: .85rem; }
+figure { display: inline-block; margin: 0 1rem 1rem 0; vertical-align: top; } figcaption { font-size: .8rem; color: #555; max-width: 36rem; }
+figure svg { max-width: 620px; height: auto; }
+.err td { font-size: .78rem; }
+table.turns { width: 100%; } table.turns th { text-align: left; } td.action { min-width: 22rem; }
+td.obs { max-width: 30rem; } span.tok { white-space: pre-wrap; }
+"""
+
+SCRIPT = """
+function cellValue(td) { const v = td.getAttribute('data-sort'); return v === null ? td.textContent.trim() : v; }
+function sortTable(th) {
+  const table = th.closest('table'); const col = Array.from(th.parentNode.children).indexOf(th);
+  const body = table.tBodies[0]; const rows = Array.from(body.rows);
+  const dir = th.getAttribute('data-dir') === 'desc' ? 'asc' : 'desc'; th.setAttribute('data-dir', dir);
+  rows.sort(function (a, b) {
+    const x = cellValue(a.cells[col]), y = cellValue(b.cells[col]);
+    const nx = parseFloat(x), ny = parseFloat(y);
+    const c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+    return dir === 'asc' ? c : -c;
+  });
+  rows.forEach(function (r) { body.appendChild(r); });
+}
+function filterProtocol(select) {
+  const table = document.getElementById(select.getAttribute('data-table'));
+  Array.from(table.tBodies[0].rows).forEach(function (r) {
+    r.style.display = (select.value === '' || r.getAttribute('data-protocol') === select.value) ? '' : 'none';
+  });
+}
+document.addEventListener('DOMContentLoaded', function () {
+  document.querySelectorAll('th[data-sortable]').forEach(function (th) { th.addEventListener('click', function () { sortTable(th); }); });
+  document.querySelectorAll('select[data-table]').forEach(function (s) { s.addEventListener('change', function () { filterProtocol(s); }); });
+});
 """
 
 
-def _curve_svg(title: str, series: list[tuple[str, list[dict]]], width: int = 420, height: int = 260) -> str:
-    pad_l, pad_r, pad_t, pad_b = 48, 120, 20, 36
-    xs = [p["rollouts"] for _, pts in series for p in pts] or [0, 1]
-    x_max = max(max(xs), 1)
-    sx = lambda x: pad_l + (width - pad_l - pad_r) * x / x_max  # noqa: E731
-    sy = lambda y: pad_t + (height - pad_t - pad_b) * (1 - y)  # noqa: E731
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" aria-label="{escape(title)}">',
-             f'<rect x="{pad_l}" y="{pad_t}" width="{width - pad_l - pad_r}" height="{height - pad_t - pad_b}" fill="none" stroke="#999"/>']
-    for tick in (0.0, 0.5, 1.0):
-        parts.append(f'<text x="{pad_l - 6}" y="{sy(tick) + 4:.1f}" font-size="10" text-anchor="end">{tick:.1f}</text>')
-    parts.append(f'<text x="{pad_l}" y="{height - 8}" font-size="10">0</text>')
-    parts.append(f'<text x="{width - pad_r}" y="{height - 8}" font-size="10" text-anchor="end">{x_max} rollouts</text>')
-    for i, (label, pts) in enumerate(series):
-        color = PALETTE[i % len(PALETTE)]
-        pts = sorted(pts, key=lambda p: p["rollouts"])
-        path = " ".join(f"{sx(p['rollouts']):.1f},{sy(p['success_rate']):.1f}" for p in pts)
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{path}"/>')
-        parts.append(f'<text x="{width - pad_r + 6}" y="{pad_t + 14 * (i + 1)}" font-size="11" fill="{color}">{escape(label)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+def _page(title: str, body: list[str], *, script: bool) -> str:
+    js = f"<script>{SCRIPT}</script>" if script else ""
+    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>{escape(title)}</title><style>{STYLE}</style>{js}</head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
-def mean_curve(curves: list[list[dict]]) -> list[dict]:
-    """One line per algorithm: the seeds' success rates averaged at each rollout budget they share."""
-    points: dict[int, list[float]] = {}
-    for curve in curves:
-        for p in curve:
-            points.setdefault(p["rollouts"], []).append(p["success_rate"])
-    return [{"rollouts": x, "success_rate": sum(v) / len(v)} for x, v in sorted(points.items())]
+def _episode_link(row: "Row | None") -> str | None:
+    if row is None:
+        return None
+    for rid in row.record_ids:
+        if rid in row.episodes:
+            return f"episodes/{rid}.html"
+    return None
+
+
+def _ranked_table(board: "Leaderboard", table: "FamilyTable", index: int) -> list[str]:
+    table_id = f"rank-{index}"
+    protocols = sorted({m.protocol or "bench" for m in table.methods})
+    out = []
+    if len(protocols) > 1:
+        options = "".join(f'<option value="{escape(p)}">{escape(p)}</option>' for p in protocols)
+        out.append(f'<div class="controls">protocol: <select data-table="{table_id}"><option value="">all</option>{options}</select></div>')
+    splits = [e.split("/", 1)[1] for e in table.env_ids]
+    head = ['<th data-sortable>#</th>', '<th data-sortable>method</th>']
+    head += [f'<th data-sortable title="{escape(e)}">{escape(table.metric)}<br>{escape(s)}</th>' for e, s in zip(table.env_ids, splits)]
+    head += ['<th data-sortable>rollout<br>episodes</th>', '<th data-sortable>tokens</th>', '<th data-sortable>teacher</th>',
+             '<th data-sortable>student</th>', '<th data-sortable>seeds</th>', '<th data-sortable>protocol</th>', '<th class="nosort">episodes</th>']
+    out.append(f'<table class="ranked" id="{table_id}" data-family="{escape(table.family)}"><thead><tr>{"".join(head)}</tr></thead><tbody>')
+    best = {e: board.best([m.by_env[e] for m in table.methods if e in m.by_env], table.metric) for e in table.env_ids}
+    for rank, m in enumerate(table.methods, 1):
+        cls = ' class="differs"' if m.protocol_differs else ""
+        title = " title=\"evaluated under another protocol than the bench's\"" if m.protocol_differs else ""
+        name = escape(m.display) + (' <span class="ci">(reproduced)</span>' if m.reproduced else "")
+        cells = [f'<td class="rankcol" data-sort="{rank}">{rank}</td>', f'<td class="name"{title}>{name}</td>']
+        for env_id in table.env_ids:
+            r = m.by_env.get(env_id)
+            ci = r.interval(table.metric) if r is not None else None
+            if ci is None:
+                cells.append('<td class="primary" data-sort="-1">-</td>')
+                continue
+            mean, low, high = ci
+            is_best = best[env_id].get(f"{env_id}|{r.split}") == mean
+            cells.append(f'<td class="primary{" best" if is_best else ""}" data-sort="{mean:.6f}"><b>{mean:.3f}</b> '
+                         f'<span class="ci">[{low:.2f}, {high:.2f}]</span></td>')
+        episodes, tokens = m.budget
+        link = next((_episode_link(m.by_env.get(e)) for e in table.env_ids if _episode_link(m.by_env.get(e))), None)
+        view = f'<a href="{escape(link)}">view</a>' if link else "-"
+        cells += [f'<td data-sort="{-1 if episodes is None else episodes}">{"-" if episodes is None else episodes}</td>',
+                  f'<td data-sort="{-1 if tokens is None else tokens}">{"-" if tokens is None else tokens}</td>',
+                  f'<td class="small">{escape(m.teacher or "-")}</td>', f'<td class="small">{escape(m.student)}</td>',
+                  f'<td>{escape(",".join(map(str, m.seeds)))}</td>', f'<td class="small">{escape(m.protocol or "bench")}</td>',
+                  f'<td class="small">{view}</td>']
+        out.append(f'<tr{cls} data-algorithm="{escape(m.algorithm)}" data-protocol="{escape(m.protocol or "bench")}">' + "".join(cells) + "</tr>")
+    out.append("</tbody></table>")
+    return out
+
+
+def _error_table(table: "FamilyTable") -> list[str]:
+    from evaluation.leaderboard import error_kinds
+
+    kinds = error_kinds(table)
+    head = "".join(f"<th data-sortable>{escape(h)}</th>" for h in ["method", "all errors", *kinds])
+    out = [f'<table class="err" data-family="{escape(table.family)}"><thead><tr>{head}</tr></thead><tbody>']
+    for m in table.methods:
+        r = m.by_env.get(table.ranking_env)
+        cells = [f'<td class="name">{escape(m.display)}</td>']
+        for key in ["error_rate", *(f"error_rate/{k}" for k in kinds)]:
+            value = r.metrics[key][0] if r is not None and key in r.metrics else (0.0 if r is not None else None)
+            cells.append("<td>-</td>" if value is None else f'<td data-sort="{value:.6f}">{value:.3f}</td>')
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</tbody></table>")
+    return out
 
 
 def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
     body = ["<h1>agentgym-opd leaderboard</h1>",
-            "<p>Mean &plusmn; standard error; the best value of each column within an env split is highlighted "
-            "(lowest for mean turns and error rates).</p>"]
-    for family, frows in board.by_family(rows).items():
-        metrics = sorted({m for r in frows for m in r.metrics})
-        best = {m: board.best(frows, m) for m in metrics}
-        body.append(f'<h2 id="{escape(family)}">{escape(family)}</h2>')
-        head = "".join(f"<th>{escape(h)}</th>" for h in ["env", "algorithm", "student", "teacher", "seeds", "n", *metrics])
-        body.append(f'<table class="family" data-family="{escape(family)}"><thead><tr>{head}</tr></thead><tbody>')
-        for r in frows:
-            cells = [f'<td class="name">{escape(x)}</td>' for x in (r.env_id, r.display_algorithm, r.student, r.teacher or "-")]
-            cells += [f"<td>{escape(','.join(map(str, r.seeds)))}</td>", f"<td>{r.n_episodes}</td>"]
-            for m in metrics:
-                if m not in r.metrics:
-                    cells.append("<td>-</td>")
-                    continue
-                mean, se = r.metrics[m]
-                cls = ' class="best"' if best[m].get(f"{r.env_id}|{r.split}") == mean else ""
-                cells.append(f"<td{cls}>{mean:.3f} &plusmn; {se:.3f}</td>")
-            body.append(f'<tr data-algorithm="{escape(r.algorithm)}">' + "".join(cells) + "</tr>")
-        body.append("</tbody></table>")
-        by_env: dict[str, list[tuple[str, list[dict]]]] = {}
-        for r in frows:
-            if r.curves:
-                by_env.setdefault(r.env_id, []).append((r.display_algorithm, mean_curve(r.curves)))
-        for env_id, series in by_env.items():
-            body.append(f"<figure>{_curve_svg(env_id, series)}<figcaption>Training curve: success rate against rollout "
-                        f"budget, {escape(env_id)}</figcaption></figure>")
+            '<p class="note">Per env family, methods ranked by the primary metric on the held-out split (first '
+            "column). Cells: mean <span class=\"ci\">[95% interval]</span>: across seeds a Student-t interval of "
+            "the seed means; for one record Wilson's interval over its episodes. Highlighted: best in the column "
+            "(where the column's values differ). "
+            "&#x2731; marks a row evaluated under another protocol than the bench's. Click a header to sort.</p>"]
+    tables = board.family_tables(rows)
+    for i, table in enumerate(tables):
+        body.append(f'<h2 id="{escape(table.family)}">{escape(table.family)}</h2>')
+        body.append(f'<p class="note">Primary metric <b>{escape(table.metric)}</b>; ranked by '
+                    f"{escape(table.ranking_env)}.</p>")
+        body += _ranked_table(board, table, i)
+        body.append(f'<p class="note">Errors on {escape(table.ranking_env)}: share of turns that ended in each error kind.</p>')
+        body += _error_table(table)
+        by_env: dict[str, list[tuple[str, list[dict[str, float]]]]] = {}
+        for m in table.methods:
+            for env_id, r in m.by_env.items():
+                if r.curves:
+                    by_env.setdefault(env_id, []).append((m.display, mean_curve(r.curves)))
+        for env_id, series in sorted(by_env.items()):
+            body.append(f"<figure>{curve_svg(env_id, series, 'success rate')}<figcaption>Success on the tasks of "
+                        f"{escape(env_id)} against rollout episodes spent in training (mean over seeds; band: "
+                        "+- one standard error across seeds).</figcaption></figure>")
     if not rows:
         body.append("<p>No records yet: add one with <code>agentgym-opd leaderboard add RECORD.json</code>.</p>")
-    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>agentgym-opd leaderboard</title>"
-            f"<style>{STYLE}</style></head><body>" + "\n".join(body) + "</body></html>\n")
+    return _page("agentgym-opd leaderboard", body, script=True)
 
 
-__all__ = ["render_html", "env_family"]
+def _shade(value: float, scale: float) -> str:
+    alpha = 0.0 if scale <= 0 else min(1.0, value / scale)
+    return f"background: rgba(214, 39, 40, {0.85 * alpha:.3f})"
+
+
+def episode_page(row: "Row", rid: str, traces: list[dict[str, Any]]) -> str:
+    title = f"{row.display_algorithm} on {row.env_id}"
+    body = [f"<h1>{escape(title)}</h1>",
+            f'<p class="note">student {escape(row.student)}, teacher {escape(row.teacher or "-")}, record {escape(rid)}. '
+            '<a href="../index.html">back to the leaderboard</a></p>']
+    values = [d for ep in traces for t in ep["turns"] for d in (t["divergence"] or [])]
+    scale = sorted(values)[int(0.95 * (len(values) - 1))] if values else 0.0
+    if values:
+        signal = next((ep["signal"] for ep in traces if ep["signal"]), "divergence")
+        body.append(f'<p class="note">Agent tokens shaded by the per-token {escape(signal)} the loss computed '
+                    f"(darkest at the 95th percentile of this page, {scale:.3f}; exact value on hover).</p>")
+    else:
+        body.append('<p class="note">This method has no teacher: tokens are shown without a divergence.</p>')
+    for n, ep in enumerate(traces):
+        verdict = "success" if ep["success"] else "failure"
+        body.append(f'<h2 class="episode">Episode {n + 1}: task {escape(ep["task_id"])} ({verdict}, score {ep["score"]:.2f})</h2>')
+        body.append('<table class="turns"><thead><tr><th class="nosort">turn</th><th class="nosort">action (agent tokens)</th>'
+                    '<th class="nosort">observation</th><th class="nosort">error</th><th class="nosort">turn weight</th></tr></thead><tbody>')
+        for k, turn in enumerate(ep["turns"]):
+            if turn["tokens"]:
+                divs = turn["divergence"] or [None] * len(turn["tokens"])
+                action = "".join(
+                    f'<span class="tok" data-div="{d:.4f}" title="{d:.4f}" style="{_shade(d, scale)}">{escape(tok)}</span>'
+                    if d is not None else f'<span class="tok">{escape(tok)}</span>' for tok, d in zip(turn["tokens"], divs))
+            else:
+                action = escape(turn["action"])
+            error = escape(turn["error_kind"]) if turn["error_kind"] else "-"
+            if turn["error_message"]:
+                error = f'<span title="{escape(turn["error_message"])}">{error}</span>'
+            weight = "-" if turn["turn_weight"] is None else f"{turn['turn_weight']:.3f}"
+            if turn["turn_label"]:
+                weight += f" ({escape(turn['turn_label'])})"
+            body.append(f'<tr><td>{k + 1}</td><td class="name action"><code>{action}</code></td>'
+                        f'<td class="small obs">{escape(turn["observation"])}</td><td class="small">{error}</td>'
+                        f"<td>{weight}</td></tr>")
+        body.append("</tbody></table>")
+    return _page(title, body, script=False)
+
+
+def render_episode_pages(board: "Leaderboard", rows: list["Row"]) -> dict[str, str]:
+    """``{file name: html}`` for every record that kept episodes."""
+    pages = {}
+    for row in rows:
+        for rid, traces in row.episodes.items():
+            pages[f"{rid}.html"] = episode_page(row, rid, traces)
+    return pages

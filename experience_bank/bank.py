@@ -4,6 +4,12 @@ The bank is a folder with `bank.sqlite` (the truth: rows and their embeddings) a
 Adds commit to SQLite first, then update the in-memory index; the index file is saved on `flush()` /
 `close()`. A bank opened after a crash rebuilds the index from the stored embeddings if the saved index
 does not match the store, so nothing committed is ever missing from retrieval.
+
+Several processes may share one bank folder (e.g. rollout workers adding while a trainer retrieves):
+SQLite serialises their commits; each process keeps its own in-memory index and, before it retrieves or
+saves, brings it up to date with rows other processes committed or deleted (`sync`, cheap when nobody
+else wrote: one `PRAGMA data_version`). Saving the index file takes a file lock and a unique temporary
+file (`index.py`), so concurrent saves never collide; the last one holds every row committed before it.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import numpy as np
 
 from agentgym_opd.embedding import Embedder, SentenceEmbedder
 from agentgym_opd.types import Episode, Task
-from experience_bank.index import VectorIndex
+from experience_bank.index import index_lock, VectorIndex
 from experience_bank.records import Experience, trace_from_episode
 from experience_bank.store import ExperienceStore, StoreError
 
@@ -27,6 +33,7 @@ class ExperienceBank:
         self.embedder = embedder if embedder is not None else SentenceEmbedder()
         self.store = ExperienceStore(self.path / "bank.sqlite", embedder_name=self.embedder.name, dim=self.embedder.dim)
         self.index_path = self.path / "index.faiss"
+        self._seen_version = self.store.data_version()
         index = VectorIndex.load(self.index_path, self.embedder.dim)
         self.rebuilt_on_open = index is None or not np.array_equal(index.ids(), self.store.ids())
         if self.rebuilt_on_open:
@@ -58,13 +65,35 @@ class ExperienceBank:
         self.index.remove([exp_id])
 
     def rebuild_index(self) -> None:
+        self._seen_version = self.store.data_version()
         ids, vectors = self.store.embeddings()
         self.index = VectorIndex(self.embedder.dim)
         self.index.add(ids, vectors)
-        self.index.save(self.index_path)
+        self._save()
+
+    def sync(self) -> bool:
+        """Bring the in-memory index up to date with rows other processes committed or deleted since this
+        process last looked; returns whether anything changed."""
+        version = self.store.data_version()
+        if version == self._seen_version:
+            return False
+        self._seen_version = version
+        stored, indexed = self.store.ids(), self.index.ids()
+        gone = np.setdiff1d(indexed, stored)
+        new = np.setdiff1d(stored, indexed)
+        if len(gone):
+            self.index.remove(gone.tolist())
+        if len(new):
+            self.index.add(*self.store.embeddings(new.tolist()))
+        return bool(len(gone) or len(new))
 
     def flush(self) -> None:
-        self.index.save(self.index_path)
+        self.sync()
+        self._save()
+
+    def _save(self) -> None:
+        with index_lock(self.index_path):
+            self.index.save(self.index_path)
 
     # ------------------------------------------------------------------ reading
     def retrieve(self, query: str | Task, k: int = 3, *, env_id: str | None = None) -> list[Experience]:
@@ -72,6 +101,7 @@ class ExperienceBank:
         text = query.instruction if isinstance(query, Task) else query
         if not isinstance(text, str) or not text.strip():
             raise ValueError("retrieve needs a non-empty task instruction or Task")
+        self.sync()
         allowed = self.store.ids(env_id) if env_id is not None else None
         if allowed is not None and len(allowed) == 0:
             return []

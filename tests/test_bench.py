@@ -79,7 +79,8 @@ def test_leaderboard_has_a_row_per_algorithm_and_the_baseline_and_the_table_is_p
             assert f"| {split} | {algo} | tiny+sft5 |" in md
     assert "| household/train | sft | tiny+sft5 | - | 0,1 | 4 |" in md  # 2 seeds x 2 tasks
     assert (board / "leaderboard.csv").read_text().count("\n") == 1 + 9
-    assert "<polyline" in (board / "index.html").read_text()  # the training curves
+    html = (board / "index.html").read_text()
+    assert "<svg" in html and "rollout episodes" in html  # the training curves (matplotlib SVG)
     assert not (tmp_path / "leaderboard").exists()  # never the repo's leaderboard without --publish
     lines = proc.stdout.splitlines()
     assert lines[0].split()[:2] == ["algorithm", "seeds"]

@@ -189,3 +189,16 @@ def test_data_root_from_the_environment_variable(shared_data, monkeypatch):
 @pytest.mark.parametrize("env_id", ["code/humaneval", "code/humanevalplus", "code/mbpp", "code/mbpp_sanitized"])
 def test_gymnasium_check_env_passes(shared_data, env_id):
     check_env(make(env_id, data_root=shared_data), skip_render_check=True)
+
+
+def test_an_exception_in_the_candidate_reports_the_test_and_the_candidates_own_traceback(shared_data):
+    # the tests run in the checker process and the candidate in another one: the feedback still names the
+    # failing test and shows the candidate's frames (as main.py), none of the harness's
+    env = make("code/mbpp", data_root=shared_data)
+    env.reset(options={"task_id": "mbpp/11"})
+    _, reward, _, _, info = env.step("def remove_Occ(s, ch):\n    x = helper(s)\n    return s")
+    feedback = info["feedback"]
+    assert reward == 0.0 and info["error"].kind == "runtime_error"
+    assert 'Failing test: assert remove_Occ("hello","l") == "heo"' in feedback
+    assert 'File "main.py", line 2, in remove_Occ' in feedback and "NameError: name 'helper'" in feedback
+    assert "/sandbox/" not in feedback and "worker.py" not in feedback and "supervisor.py" not in feedback

@@ -1,4 +1,5 @@
-"""The subprocess sandbox contains what generated code does, and the host survives all of it."""
+"""The bubblewrap sandbox contains what generated code does, and the host survives all of it
+(the escape attempts are in test_hostile_code.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 
 import pytest
 
-from environments.code.sandbox import network_namespace_available, run_program
+from environments.code.sandbox import run_program
 
 
 def test_passing_program_and_output_capture():
@@ -24,7 +25,7 @@ def test_failing_assert_reports_the_failing_line_and_a_clean_traceback():
     assert result.status == "failed"
     assert result.failing_test == "assert f(2) == 4"
     assert "AssertionError" in result.stderr
-    assert "_sandbox_guard" not in result.stderr and "agentgym_code_" not in result.stderr
+    assert "/sandbox/launch.py" not in result.stderr and "runpy" not in result.stderr
 
 
 def test_infinite_loop_times_out_and_is_killed():
@@ -39,14 +40,17 @@ def test_memory_bomb_is_stopped():
 
 
 def test_write_outside_the_temp_dir_fails_and_inside_works(tmp_path):
+    # the host's folders are not in the sandbox's file system at all; its /tmp is a private tmpfs
     target = tmp_path / "escaped.txt"
     result = run_program(f"open({str(target)!r}, 'w').write('x')\n")
-    assert result.status == "failed" and "PermissionError" in result.stderr
+    assert result.status == "failed" and "FileNotFoundError" in result.stderr
     assert not target.exists()
     victim = tmp_path / "keep.txt"
     victim.write_text("keep")
     result = run_program(f"import os\nos.remove({str(victim)!r})\n")
     assert result.status == "failed" and victim.exists()
+    result = run_program("open('/usr/evil', 'w')\n")
+    assert result.status == "failed" and "Read-only file system" in result.stderr
     result = run_program("open('scratch.txt', 'w').write('ok')\nprint(open('scratch.txt').read())\n")
     assert result.status == "passed" and result.stdout.strip() == "ok"
 
@@ -60,12 +64,10 @@ def test_network_connection_fails():
         program = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=3)\nprint('connected')\n"
         result = run_program(program)
         assert result.status == "failed" and "connected" not in result.stdout
-        # Independently of the audit hook, the network namespace (where `unshare -rn` works, as on the
-        # build machines) leaves the child only an unused loopback: no interface that reaches anything.
-        if network_namespace_available():
-            result = run_program("print(open('/proc/net/dev').read())")
-            interfaces = [line.split(":")[0].strip() for line in result.stdout.splitlines() if ":" in line]
-            assert interfaces == ["lo"]
+        # the run's own network namespace has only a loopback: no interface that reaches anything
+        result = run_program("print(open('/proc/net/dev').read())")
+        interfaces = [line.split(":")[0].strip() for line in result.stdout.splitlines() if ":" in line]
+        assert interfaces == ["lo"]
     finally:
         server.close()
 
@@ -74,8 +76,9 @@ def test_fork_bomb_is_contained_and_host_survives():
     before = threading.active_count()
     result = run_program("import os\nwhile True:\n    os.fork()\n", timeout_s=5)
     assert result.status in ("failed", "timeout")
-    result = run_program("import subprocess\nsubprocess.run(['true'])\n")
-    assert result.status == "failed" and "PermissionError" in result.stderr
+    # processes may start inside the sandbox (up to the process limit) and see only the sandbox
+    result = run_program("import subprocess\nprint(subprocess.run(['ls', '/'], capture_output=True, text=True).stdout)\n")
+    assert result.status == "passed" and set(result.stdout.split()) == {"bin", "dev", "lib", "lib64", "proc", "sandbox", "tmp", "usr"}
     # the host is alive and can still run programs
     assert run_program("print(2 + 2)").stdout.strip() == "4"
     assert threading.active_count() == before

@@ -140,3 +140,51 @@ def test_writer_killed_mid_transaction_leaves_committed_rows_intact(tmp_path):
         assert bank.rebuilt_on_open and bank.index.size == 10
         assert bank.retrieve("committed 7", k=1)[0].task_id == "c7"
         assert np.array_equal(bank.index.ids(), bank.store.ids())
+
+
+CONCURRENT_WRITER = textwrap.dedent('''
+    import sys
+    from agentgym_opd.embedding import HashingEmbedder
+    from experience_bank import Experience, ExperienceBank
+    path, writer, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    with ExperienceBank(path, HashingEmbedder()) as bank:
+        for i in range(count):
+            bank.add(Experience("household/train", f"w{writer}-{i}", f"writer {writer} planted item {i} zebra{writer}x{i}",
+                                [("look", "You see.")]))
+            bank.flush()  # every add also swaps the shared index file: the collision the old code died of
+''')
+
+
+def test_several_writer_processes_and_a_reader_share_one_bank(tmp_path):
+    path, writers, per_writer = tmp_path / "shared", 10, 6
+    reader = ExperienceBank(path, HashingEmbedder())  # opened before any writer: must still see their rows
+    procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT_WRITER, str(path), str(w), str(per_writer)],
+                              stderr=subprocess.PIPE, text=True) for w in range(writers)]
+    failures = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            failures.append(err.strip().splitlines()[-1] if err.strip() else f"rc {proc.returncode}")
+    assert failures == []
+    assert reader.count() == writers * per_writer
+    for w, i in [(0, 0), (3, 5), (writers - 1, per_writer - 1)]:
+        found = reader.retrieve(f"writer {w} planted item {i} zebra{w}x{i}", k=1)
+        assert found and found[0].task_id == f"w{w}-{i}"
+    assert np.array_equal(reader.index.ids(), reader.store.ids())
+    assert not list(path.glob("*.tmp"))  # every temporary index file was swapped in or removed
+    reader.close()
+    with ExperienceBank(path, HashingEmbedder()) as fresh:  # the last save holds every committed row
+        assert not fresh.rebuilt_on_open and fresh.index.size == writers * per_writer
+
+
+def test_a_reader_drops_rows_another_process_deleted(tmp_path):
+    path = tmp_path / "b"
+    with ExperienceBank(path, HashingEmbedder()) as writer:
+        ids = writer.add_many([_exp(i) for i in range(3)])
+    reader = ExperienceBank(path, HashingEmbedder())
+    code = f"from agentgym_opd.embedding import HashingEmbedder\nfrom experience_bank import ExperienceBank\n" \
+           f"with ExperienceBank({str(path)!r}, HashingEmbedder()) as b: b.delete({ids[1]})"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+    assert sorted(e.task_id for e in reader.retrieve("task number 1", k=3)) == ["t0", "t2"]
+    assert reader.index.size == 2
+    reader.close()

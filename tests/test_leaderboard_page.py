@@ -1,17 +1,37 @@
-"""The leaderboard's HTML page, loaded in a real headless Chromium (Debian's `chromium` package)."""
+"""The leaderboard's pages in a real headless Chromium (Debian's `chromium` package): DOM and pixels.
+
+The pages are built from the committed records (`leaderboard/records/`), so these tests look at what a
+researcher opening `leaderboard/index.html` sees. Set AGENTGYM_OPD_SCREENSHOT_DIR to keep the PNGs.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from evaluation.leaderboard import Leaderboard
 from test_leaderboard import make_record
 
-ALGOS = ["sft", "grpo", "opd", "opsd", "sdpo", "lopd", "sage_opd", "vpd"]
+REPO = Path(__file__).resolve().parents[1]
+WIDTH = 1280
+
+# measures the layout after load and writes it into the DOM, where --dump-dom shows it
+PROBE = """<script>
+window.addEventListener('load', function () {
+  var doc = document.documentElement, table = document.querySelector('table.ranked');
+  var cells = table.querySelectorAll('tbody tr td.primary'), right = 0;
+  cells.forEach(function (td) { right = Math.max(right, td.getBoundingClientRect().right); });
+  document.body.setAttribute('data-scroll-width', doc.scrollWidth);
+  document.body.setAttribute('data-client-width', doc.clientWidth);
+  document.body.setAttribute('data-primary-right', Math.ceil(right));
+  document.body.setAttribute('data-primary-cells', cells.length);
+});
+</script>"""
 
 
 def chromium() -> str:
@@ -22,40 +42,107 @@ def chromium() -> str:
 
 
 def run_chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--hide-scrollbars",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}"]
+             f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={WIDTH},1000"]
     return subprocess.run([chromium(), *flags, *args], capture_output=True, text=True, timeout=120)
 
 
+def keep(shot: Path) -> None:
+    if os.environ.get("AGENTGYM_OPD_SCREENSHOT_DIR"):
+        shutil.copy(shot, os.environ["AGENTGYM_OPD_SCREENSHOT_DIR"])
+
+
+def pixels(path: Path):
+    from PIL import Image
+
+    image = Image.open(path).convert("RGB")
+    return image, image.load()
+
+
+def count(image, px, predicate, box=None) -> int:
+    x0, y0, x1, y1 = box or (0, 0, image.width, image.height)
+    return sum(1 for x in range(x0, x1, 2) for y in range(y0, y1, 2) if predicate(px[x, y]))
+
+
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
+def board(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("lb")
-    board = Leaderboard(root)
-    for i, algo in enumerate(ALGOS):
-        for seed in (0, 1):
-            board.add(make_record(algo, seed, 0.2 + 0.08 * i + 0.02 * seed))
-    board.add(make_record("opd", 0, 0.8, env_id="tooluse/valid_unseen"))
-    board.build()
-    return root / "index.html"
+    shutil.copytree(REPO / "leaderboard" / "records", root / "records")
+    Leaderboard(root).build()
+    return root
 
 
-def test_page_renders_every_algorithm_row_in_a_browser(page, tmp_path):
+def test_ranked_table_fits_1280_pixels_with_every_method_and_interval(board, tmp_path):
+    records = Leaderboard(board).load_records()
+    page = board / "probe.html"
+    page.write_text((board / "index.html").read_text().replace("</body>", PROBE + "</body>"))
     out = run_chromium(tmp_path, "--dump-dom", page.as_uri())
     assert out.returncode == 0, out.stderr[-2000:]
     dom = out.stdout
-    for algo in ALGOS:
-        assert f'<tr data-algorithm="{algo}">' in dom
-    assert dom.count("<svg") == 2 and 'data-family="household"' in dom and 'data-family="tooluse"' in dom
-    # the best success rate (vpd, seeds 0 and 1: 0.76 and 0.78 -> 0.770) is the highlighted cell
-    assert '<td class="best">0.770 ± 0.010</td>' in dom
+    for algo in {r["algorithm"] for r in records}:
+        assert re.search(rf'<tr( class="differs")? data-algorithm="{algo}"', dom), algo
+    body = re.search(r'<body data-scroll-width="(\d+)" data-client-width="(\d+)" data-primary-right="(\d+)" data-primary-cells="(\d+)"', dom)
+    assert body, "the layout probe did not run"
+    scroll, client, right, cells = map(int, body.groups())
+    assert cells >= len({r["algorithm"] for r in records})
+    assert scroll <= client <= WIDTH and right <= client, (scroll, client, right)  # no sideways scrolling
+    # every primary cell shows a mean and its 95% interval
+    assert len(re.findall(r'<td class="primary[^"]*" data-sort="[0-9.]+"><b>\d\.\d{3}</b> <span class="ci">\[\d\.\d\d, \d\.\d\d\]</span></td>', dom)) == cells
+    assert "<svg" in dom and "rollout episodes" in dom  # the matplotlib curve, as SVG text
 
 
-def test_page_screenshot(page, tmp_path):
+def test_page_screenshot_shows_the_ranked_table(board, tmp_path):
     shot = tmp_path / "leaderboard.png"
-    out = run_chromium(tmp_path, f"--screenshot={shot}", "--window-size=1400,1000", page.as_uri())
+    out = run_chromium(tmp_path, f"--screenshot={shot}", (board / "index.html").as_uri())
     assert out.returncode == 0, out.stderr[-2000:]
-    data = shot.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
-    if os.environ.get("AGENTGYM_OPD_SCREENSHOT_DIR"):  # to look at it: set this and open the PNG
-        shutil.copy(shot, os.environ["AGENTGYM_OPD_SCREENSHOT_DIR"])
+    keep(shot)
+    image, px = pixels(shot)
+    assert image.width == WIDTH
+    header = count(image, px, lambda p: p == (241, 243, 245), (0, 0, WIDTH, 300))  # the table's header row
+    best = count(image, px, lambda p: p == (232, 245, 233))  # highlighted best cells
+    text = count(image, px, lambda p: sum(p) < 200, (0, 150, WIDTH, 600))  # dark text of the rows
+    assert header > 500 and best > 100 and text > 1000, (header, best, text)
+
+
+def test_episode_view_of_a_distillation_run_shades_tokens_by_divergence(board, tmp_path):
+    records = Leaderboard(board).load_records()
+    from evaluation.records import record_id
+
+    sage = next(r for r in records if r["algorithm"] == "sage_opd" and r.get("episodes"))
+    page = board / "episodes" / f"{record_id(sage)}.html"
+    assert page.is_file() and f'href="episodes/{record_id(sage)}.html"' in (board / "index.html").read_text()
+    out = run_chromium(tmp_path, "--dump-dom", page.as_uri())
+    dom = out.stdout
+    shaded = re.findall(r'<span class="tok" data-div="([0-9.]+)"', dom)
+    n_tokens = sum(len(t["tokens"]) for ep in sage["episodes"] for t in ep["turns"])
+    assert len(shaded) == n_tokens > 0 and max(map(float, shaded)) > 0
+    assert "(strong)" in dom and "invalid_action" in dom and "Episode 1: task" in dom
+    shot = tmp_path / "episode.png"
+    assert run_chromium(tmp_path, f"--screenshot={shot}", page.as_uri()).returncode == 0
+    keep(shot)
+    image, px = pixels(shot)
+    red = count(image, px, lambda p: p[0] > 200 and p[1] < 130 and p[2] < 130)  # the most divergent tokens
+    assert red > 30, red
+
+
+def test_sort_and_protocol_filter_work_without_a_server(tmp_path):
+    board = Leaderboard(tmp_path / "lb")
+    board.add(make_record("opd", 0, 0.5))
+    board.add(make_record("grpo", 0, 0.7))
+    board.add(make_record("sft", 0, 0.6, protocol={"temperature": 1.0}))
+    board.build()
+    page = tmp_path / "lb" / "index.html"
+    script = """<script>window.addEventListener('load', function () {
+      var th = document.querySelectorAll('table.ranked th')[2]; th.click(); th.click();
+      var order = Array.from(document.querySelectorAll('table.ranked tbody tr')).map(function (r) { return r.getAttribute('data-algorithm'); });
+      var sel = document.querySelector('select[data-table]'); sel.value = 'temperature=1.0'; sel.dispatchEvent(new Event('change'));
+      var shown = Array.from(document.querySelectorAll('table.ranked tbody tr')).filter(function (r) { return r.style.display !== 'none'; })
+        .map(function (r) { return r.getAttribute('data-algorithm'); });
+      document.body.setAttribute('data-order', order.join(',')); document.body.setAttribute('data-shown', shown.join(','));
+    });</script>"""
+    probe = tmp_path / "lb" / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", script + "</body>"))
+    dom = run_chromium(tmp_path, "--dump-dom", probe.as_uri()).stdout
+    assert 'data-order="opd,sft,grpo"' in dom  # ascending by success after two clicks
+    assert 'data-shown="sft"' in dom

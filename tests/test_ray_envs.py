@@ -13,7 +13,7 @@ import pytest
 import ray
 from ray import cloudpickle
 
-from agentgym_opd.core import StepOutcome, TextEnv, UnknownTaskError
+from agentgym_opd.core import EnvMisuseError, StepOutcome, TextEnv, UnknownTaskError
 from agentgym_opd.executors import (
     RandomAdmissibleAgent, WalkthroughAgent, collect_episodes, make_vector_env,
 )
@@ -33,7 +33,8 @@ class FlakyEnv(TextEnv):
     `crash_once_in` names a folder: the first time any process reaches turn 2 of a task listed in
     `crash_tasks`, it leaves a marker there and kills itself, so a replay on a fresh actor succeeds.
     `always_crash` tasks kill the process at turn 2 every time. The action `crash` kills it at once,
-    and `hang` sleeps far past any step timeout.
+    `hang` sleeps far past any step timeout, `raise` raises a ValueError (an env bug hit by agent text) and
+    `misuse` raises EnvMisuseError (a caller bug).
     """
 
     def __init__(self, split: str = "train", crash_once_in: str | None = None, crash_tasks: tuple[str, ...] = (),
@@ -68,6 +69,10 @@ class FlakyEnv(TextEnv):
             os.kill(os.getpid(), signal.SIGKILL)
         if action == "hang":
             time.sleep(60)
+        if action == "raise":  # an env bug triggered by agent text: its episode ends, the batch goes on
+            raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
+        if action == "misuse":
+            raise EnvMisuseError("the caller stepped this env out of order")
         if self.turn == 2 and self.task.id in self.always_crash:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.turn == 2 and self.task.id in self.crash_tasks and self.crash_once_in:
@@ -263,3 +268,16 @@ def test_reset_is_retried_on_a_fresh_actor_and_gives_up_clearly(tmp_path):
             vec.reset_at([1], options=[{"task_id": "flaky/5"}])
         assert vec.active[0] and not vec.active[1]  # the other env's episode is untouched
         assert vec.step(["inc", None])[0].observation == "The counter is 1."
+
+
+def test_an_env_that_raises_on_agent_text_ends_that_episode_only_and_misuse_still_raises():
+    with _flaky() as vec:
+        vec.reset(options=[{"task_id": "flaky/0"}, {"task_id": "flaky/0"}])
+        raised, fine = vec.step(["raise", "inc"])
+        assert raised.truncated and not raised.terminated and raised.reward == 0.0
+        assert raised.info["error"].kind == "env_crash" and "ValueError" in raised.info["error"].message
+        assert not raised.info.get("env_crashed")  # the actor lives: nothing to replay, no restart
+        assert vec.restarts == [0, 0] and vec.active == [False, True]
+        assert fine.info["error"] is None and fine.observation == "The counter is 1."
+        with pytest.raises(EnvMisuseError):
+            vec.step([None, "misuse"])

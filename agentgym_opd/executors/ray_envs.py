@@ -16,7 +16,10 @@ Fault semantics (the contract a rollout loop relies on):
   `timeout` StepError and `info["env_timed_out"] = True`; the stuck actor is killed first.
 * **Resets are retried.** An actor that dies during `reset` had no episode yet, so the reset is repeated
   on a fresh actor, up to `reset_retries` times, then a `RuntimeError` says which env keeps dying.
-* **Caller misuse still raises** (an unknown task id, stepping a finished env, a non-str action): the
+* **An env that raises while handling an action** (a bug that agent text hit) ends that episode as an
+  `env_crash` result built inside the actor, exactly as the in-process stepper does (`vector.crash_result`):
+  the actor lives on, is not restarted, and the other envs' steps go on.
+* **Caller misuse still raises** (`EnvMisuseError`, an unknown task id on reset): the
   exception raised inside the actor is re-raised here as an instance of its own type, after every other
   env's step of that call has been applied (as with the in-process stepper, whose results are then lost).
 * Bad agent output never reaches this layer as an exception: the env turns it into a StepError, and it
@@ -35,10 +38,10 @@ from typing import Any, Callable, Sequence
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from agentgym_opd.core import TextEnv
+from agentgym_opd.core import EnvMisuseError, TextEnv
 from agentgym_opd.executors.env_spec import EnvSpec
 from agentgym_opd.types import StepError, Task
-from agentgym_opd.vector import StepResult
+from agentgym_opd.vector import StepResult, crash_result
 
 
 class RemoteTraceback(Exception):
@@ -89,8 +92,11 @@ class EnvWorker:
     def step(self, action: Any):
         try:
             return self.env.step(action)
-        except Exception as exc:  # noqa: BLE001 - shipped to the caller and re-raised there
+        except EnvMisuseError as exc:  # the caller's bug: shipped to the caller and re-raised there
             return _Raised(exc)
+        except Exception as exc:  # noqa: BLE001 - the env failed on this action: the episode ends, as in-process
+            r = crash_result(self.env, exc)
+            return r.observation, r.reward, r.terminated, r.truncated, r.info
 
     def task_ids(self) -> list[str]:
         return self.env.task_ids()

@@ -10,7 +10,8 @@ WHY not BFCL's own Python decoder (`model_handler.utils.ast_parse`): it `eval`s 
 the model output (binary operations, lambdas), so a model could run code in the trainer. This parser
 takes argument values with `ast.literal_eval` only (strings, numbers, lists, tuples, dicts, sets,
 True/False/None) and yields the same decoded form BFCL's checkers take (`[{name: {param: value}}]`).
-The calls it re-renders for execution (`Call.to_source`) therefore contain literals only.
+Decoded values are plain data within the bounds of `values.py`; multi-turn calls run by method lookup
+(`executor.py`), never as source.
 
 A message that is not an attempt at calls at all (prose, no leading bracket/brace and no `name(`) is
 returned as text: for a multi-turn task that ends the user turn, as in BFCL.
@@ -23,6 +24,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from environments.bfcl.values import check_data, decode_json, ValueProblem
 
 _FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```$", re.DOTALL)
 _CALL_START = re.compile(r"^[A-Za-z_][\w.]*\s*\(")
@@ -72,13 +75,18 @@ def parse_calls(text: str) -> Parsed:
     json_error = None
     if body.startswith(("[", "{")):
         try:
-            data = json.loads(body)
-        except json.JSONDecodeError as exc:
-            json_error = f"invalid JSON: {exc}"
+            data = decode_json(body)
+        except ValueProblem as exc:
+            json_error = str(exc)
+            if not json_error.startswith("invalid JSON:"):  # decoded, but beyond the bounds: no second try
+                return Parsed(error=f"Could not parse the function calls: {json_error}.")
         else:
             return _from_json(data)
     try:
         tree = ast.parse(body, mode="eval")
+    except (RecursionError, MemoryError, ValueError):
+        return Parsed(error="Could not parse the function calls: the text is nested too deeply or holds a number "
+                      "too long to be a call.")
     except SyntaxError as exc:
         if json_error and body.lstrip("[ \n").startswith("{"):
             return Parsed(error=f"Could not parse the function calls: {json_error}.")
@@ -102,9 +110,10 @@ def _from_json(data: Any) -> Parsed:
             return Parsed(error=f'Call {i} has no "name" string: {json.dumps(item)[:200]}')
         if isinstance(args, str):
             try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError as exc:
-                return Parsed(error=f'Call {i} ({name}): "arguments" is a string that is not valid JSON: {exc}.')
+                args = decode_json(args) if args.strip() else {}
+            except ValueProblem as exc:
+                return Parsed(error=f'Call {i} ({name[:100]}): "arguments" is a string that is not valid JSON '
+                              f"within the bounds: {exc}.")
         if not isinstance(args, dict):
             return Parsed(error=f'Call {i} ({name}): "arguments" must be an object, got {type(args).__name__}.')
         calls.append(Call(name, args))
@@ -148,12 +157,21 @@ def _literal(node: ast.AST, func: str, what: str) -> Any:
     if isinstance(node, ast.Starred):
         raise ValueError(f"{func}: `*` unpacking is not allowed; write each argument out.")
     try:
-        return ast.literal_eval(node)
+        value = ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        try:
+            shown = ast.unparse(node)[:120]
+        except (ValueError, RecursionError, MemoryError):
+            shown = "an expression"
         raise ValueError(
-            f"{func}: {what} is `{ast.unparse(node)[:120]}`; only literal values (strings, numbers, lists, "
+            f"{func}: {what} is `{shown}`; only literal values (strings, numbers, lists, "
             "dicts, True/False/None) are allowed."
         ) from None
+    try:
+        check_data(value, f"{what}")
+    except ValueProblem as exc:
+        raise ValueError(f"{func}: {exc}.") from None
+    return value
 
 
 def is_answer_object(text: str) -> bool:
@@ -163,8 +181,8 @@ def is_answer_object(text: str) -> bool:
     if not body.startswith("{"):
         return False
     try:
-        data = json.loads(body)
-    except json.JSONDecodeError:
+        data = decode_json(body)
+    except ValueProblem:
         try:
             data = ast.literal_eval(body)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):

@@ -240,20 +240,26 @@ def _foreign_literal(value: Any) -> str:
 _JAVA_EXPRESSION = re.compile(r"[A-Za-z_$][\w$.]*(\(.*\))?|-?\d+(\.\d+)?[LlFfDd]?")
 
 
-def _java_element(value: Any) -> str:
+def _java_element(value: Any, java_type: str = "") -> str:
+    """One element of an array or map, spelled for its documented element type (`items.type`): BFCL's
+    converter reads a `long` element only with its `L` suffix and a `float` one only with `f`."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value)
+    if java_type == "long" and isinstance(value, int):
+        return f"{value}L"
+    if java_type == "float" and isinstance(value, (int, float)):
+        return f"{float(value)!r}f"
     return repr(value)
 
 
-def _java_literal(value: Any, java_type: str) -> str:
+def _java_literal(value: Any, java_type: str, item_type: str = "") -> str:
     """Java source for a value of a documented Java type, in the forms BFCL's Java type converter reads."""
     if java_type == "long" and isinstance(value, int) and not isinstance(value, bool):
         return f"{value}L"
     if java_type in ("Array", "ArrayList") and isinstance(value, list):
-        items = ", ".join(_java_element(v) for v in value)
+        items = ", ".join(_java_element(v, item_type) for v in value)
         return f"new Object[]{{{items}}}" if java_type == "Array" else f"new ArrayList<>(Arrays.asList({items}))"
     if java_type in ("HashMap", "Hashtable") and isinstance(value, dict):
         puts = " ".join(f"put({_java_element(k)}, {_java_element(v)});" for k, v in value.items())
@@ -270,18 +276,98 @@ def render_gold(possible_answer: list[dict], language: str = "python", docs: lis
     checker sees them) to spell longs, arrays and maps; without them values are rendered as JavaScript."""
     types = {d["name"]: {p: (spec or {}).get("type", "") for p, spec in d.get("parameters", {}).get("properties", {}).items()}
              for d in docs or []}
+    item_types = {d["name"]: {p: ((spec or {}).get("items") or {}).get("type", "")
+                              for p, spec in d.get("parameters", {}).get("properties", {}).items()}
+                  for d in docs or []}
     parts = []
     for name, params in gold_calls(possible_answer):
         if language == "python":
             args = ", ".join(f"{k}={v!r}" for k, v in params.items())
         elif language == "java" and name in types:
-            args = ", ".join(f"{k}={_java_literal(v, types[name].get(k, ''))}" for k, v in params.items())
+            args = ", ".join(f"{k}={_java_literal(v, types[name].get(k, ''), item_types[name].get(k, ''))}"
+                             for k, v in params.items())
         else:
             args = ", ".join(f"{k}={_foreign_literal(v)}" for k, v in params.items())
         parts.append(f"{name}({args})")
     return "[" + ", ".join(parts) + "]"
 
 
-def render_turn_calls(calls: list[str]) -> str:
-    """A multi-turn ground-truth turn (BFCL gives call strings) as one agent message."""
+@lru_cache(maxsize=None)
+def backend_parameters(class_names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """Parameter names, in order, of every public method of BFCL's backend classes (a later class wins a
+    name clash, as in BFCL's executor)."""
+    import importlib
+    import inspect
+
+    bfcl()
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    out: dict[str, tuple[str, ...]] = {}
+    for class_name in class_names:
+        cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
+        for name, func in inspect.getmembers(cls, predicate=inspect.isfunction):
+            if not name.startswith("_"):
+                out[name] = tuple(p for p in inspect.signature(func).parameters if p != "self")
+    return out
+
+
+def keyword_call(source: str, parameters: dict[str, tuple[str, ...]]) -> str:
+    """A ground-truth call string with its positional arguments written as name=value.
+
+    WHY: BFCL's ground truth writes some arguments positionally (`sort('final_report.pdf')`), but BFCL's
+    prompting decoder keeps keyword arguments only, so a model that answered that way would lose them;
+    the walkthrough is what a model should write."""
+    from environments.bfcl.calls import parse_calls
+
+    parsed = parse_calls(source)
+    if not parsed.calls or len(parsed.calls) != 1 or not parsed.calls[0].args:
+        return source
+    call = parsed.calls[0]
+    names = parameters.get(call.name, ())
+    if len(names) < len(call.args):
+        raise ValueError(f"BFCL ground truth {source!r}: more positional arguments than {call.name} has")
+    kwargs = dict(zip(names, call.args)) | dict(call.kwargs)
+    return f"{call.name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+
+
+def render_turn_calls(calls: list[str], parameters: dict[str, tuple[str, ...]] | None = None) -> str:
+    """A multi-turn ground-truth turn (BFCL gives call strings) as one agent message, keyword arguments
+    only when the backends' `parameters` are given."""
+    if parameters is not None:
+        calls = [keyword_call(c, parameters) for c in calls]
     return "[" + ", ".join(calls) + "]"
+
+
+# ----------------------------------------------------------------------- live_relevance demonstration
+_PLACEHOLDERS = {"string": None, "integer": 1, "float": 1.0, "number": 1.0, "boolean": True,
+                 "array": [], "list": [], "tuple": [], "dict": {}, "object": {}}
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]{3,}", text.lower()))
+
+
+def relevance_walkthrough(entry: dict) -> str:
+    """A call for a `live_relevance` task: an oracle demonstration, not BFCL data.
+
+    BFCL ships no possible answer for live_relevance; its rule scores a reply correct when it decodes to at
+    least one call. The demonstration calls the documented function whose name and description share the
+    most words with the user's request, with each required parameter set to its first enum value, its
+    default, the request text (strings) or a small value of its type."""
+    request = " ".join(m["content"] for turn in entry["question"] for m in turn if m.get("role") == "user")
+    asked = _words(request)
+    doc = max(entry["function"], key=lambda d: len(asked & _words(d["name"].replace("_", " ").replace(".", " ")
+                                                              + " " + d.get("description", ""))))
+    params = doc.get("parameters", {}) or {}
+    props = params.get("properties", {}) or {}
+    args = {}
+    for name in params.get("required", []) or []:
+        spec = props.get(name) or {}
+        if spec.get("enum"):
+            args[name] = spec["enum"][0]
+        elif "default" in spec:
+            args[name] = spec["default"]
+        else:
+            placeholder = _PLACEHOLDERS.get(spec.get("type"), request[:200])
+            args[name] = request[:200] if placeholder is None else placeholder
+    return f"[{doc['name']}({', '.join(f'{k}={v!r}' for k, v in args.items())})]"

@@ -7,6 +7,10 @@
   judges them against the possible answers; the episode ends with reward 1.0 when it says valid. A message
   that cannot be parsed is a `parse_error` and, where `max_turns` allows (default 1, BFCL's single shot),
   the agent may answer again; the last allowed answer ends the episode (terminated, score 0 if unparsable). Calls that are not callable as documented also carry a `tool_error`.
+* Relevance categories follow BFCL's rule: a reply counts as a call when it decodes to at least one
+  call; anything else, undecodable output like `[None]` or `Sorry (none apply).` included, is an
+  abstention (right on `irrelevance`/`live_irrelevance`, wrong on `live_relevance`), never a parse error.
+  BFCL ships no answer for `live_relevance`; its walkthrough is a demonstration call (`data.py`).
 * Multi-turn and agentic categories: see `multi_turn.py` for the turn mapping. An agentic final answer
   in BFCL's required format (`{'answer': ..., 'context': ...}`, a dict literal or JSON) is the final text,
   not a malformed call.
@@ -28,12 +32,15 @@ from agentgym_opd.core import StepOutcome, TextEnv, UnknownTaskError
 from agentgym_opd.types import StepError, Task
 from environments.bfcl._bfcl import CHECKER_MODEL_NAME, ast_parse_foreign, bfcl
 from environments.bfcl.calls import Call, is_answer_object, looks_like_calls, parse_calls, Parsed
+from environments.bfcl.executor import InvalidCall
 from environments.bfcl.data import (
+    backend_parameters,
     category_kind,
     checker_docs,
     language_of,
     load_category,
     MEMORY_CATEGORIES,
+    relevance_walkthrough,
     memory_prereqs,
     memory_walkthrough,
     render_gold,
@@ -124,11 +131,14 @@ class BfclEnv(TextEnv):
             privileged["walkthrough"] = [privileged["solution"]]
         elif self.kind == "relevance" and "irrelevance" in self.category:
             privileged["walkthrough"] = ["None of the provided functions can be used for this request."]
+        elif self.kind == "relevance":  # live_relevance: any call scores (BFCL's rule); see relevance_walkthrough
+            privileged["walkthrough"] = [relevance_walkthrough(entry)]
         elif self.kind == "multi_turn":
-            privileged["solution"] = "\n".join(render_turn_calls(turn) for turn in answer)
+            parameters = backend_parameters(tuple(entry["involved_classes"]))
+            privileged["solution"] = "\n".join(render_turn_calls(turn, parameters) for turn in answer)
             walkthrough = []
             for turn in answer:
-                walkthrough += [render_turn_calls(turn), END_OF_TURN_MESSAGE] if turn else [
+                walkthrough += [render_turn_calls(turn, parameters), END_OF_TURN_MESSAGE] if turn else [
                     "I cannot complete this request with the information and functions I have."]
             privileged["walkthrough"] = walkthrough
         elif self.kind == "agentic":
@@ -222,6 +232,10 @@ class BfclEnv(TextEnv):
         entry = self._entries[self.task.id]
         decoded, calls, text, parse_error = self._decode(action)
         last_try = self.turn >= self.max_turns  # the final allowed answer ends the task: terminated, not a time-out
+        if parse_error and self.kind == "relevance":
+            # BFCL's relevance rule: output its decoder cannot read as calls (`[None]`, `Sorry (none apply).`)
+            # is no call, i.e. an abstention, not a malformed answer
+            decoded, parse_error = None, None
         if parse_error:
             return StepOutcome(parse_error + " " + FORMAT_HINT, error=StepError("parse_error", parse_error),
                                terminated=last_try, feedback=f"No valid answer: {parse_error}" if last_try else "")
@@ -274,12 +288,21 @@ class BfclEnv(TextEnv):
             message = (f"Unknown function(s) {', '.join(map(repr, unknown))}; nothing was executed. The available "
                        f"functions are: {', '.join(sorted(session.function_names()))}.")
             return StepOutcome(message, error=StepError("tool_error", message))
-        pairs = session.execute(parsed.calls)
+        try:
+            valid_calls = session.validate(parsed.calls)
+        except InvalidCall as exc:
+            message = f"{exc} Nothing was executed."
+            return StepOutcome(message, error=StepError("tool_error", message))
+        pairs = session.execute(valid_calls)
         lines = [f"{source} -> {result}" for source, result in pairs]
         failures = session.failures(pairs)
         if failures:  # add what the docs say about a failed call, beside the backend's own message
             failures += check_calls([c for c, (_, result) in zip(parsed.calls, pairs) if session.failed(result)],
                                     session.functions + session.held_out_docs(), allow_positional=True)
+        dropped = [c.name for c in valid_calls if c.dropped_positional]
+        if dropped:  # BFCL's decoder keeps keyword arguments only; so does this env, and says so
+            failures.append(f"Positional arguments were not passed to {', '.join(dropped)} (only name=value "
+                            "arguments are: BFCL's decoder drops positional ones); write each argument as name=value.")
         error = StepError("tool_error", " | ".join(failures)) if failures else None
         observation = "Execution results:\n" + "\n".join(lines)
         notice = session.pop_notice()

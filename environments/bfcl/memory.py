@@ -115,7 +115,10 @@ class MemoryEpisode:
     def unknown_calls(self, calls: list[Call]) -> list[str]:
         return self.session.unknown_calls(calls)
 
-    def execute(self, calls: list[Call]) -> list[tuple[str, str]]:
+    def validate(self, calls: list[Call]) -> list:
+        return self.session.validate(calls)
+
+    def execute(self, calls: list) -> list[tuple[str, str]]:
         pairs = self.session.execute(calls)
         if self.session.finished and not self.on_question:  # BFCL's step limit ended a prerequisite
             self._notice = "Step limit reached: " + self._advance()

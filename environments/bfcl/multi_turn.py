@@ -3,9 +3,10 @@
 Turn mapping (WHY: one env step must be one agent message, the turn boundary turn-level methods use):
 
 * The task's user turns are BFCL's `question` list. The first observation shows user turn 0.
-* Each agent message with calls is one BFCL *step*: the calls run for real through BFCL's
-  `execute_multi_turn_func_call` against the task's backend instances (`GorillaFileSystem`, `MathAPI`,
-  `TwitterAPI`, ...; loaded with the task's `initial_config`), and the results are the observation.
+* Each agent message with calls is one BFCL *step*: the calls run for real against the task's backend
+  instances (`GorillaFileSystem`, `MathAPI`, `TwitterAPI`, ...; made by BFCL's own code with the task's
+  `initial_config`), by method lookup with validated keyword arguments (`executor.py`: BFCL's executor
+  `eval`s source text, which agent text must never reach), and the results are the observation.
 * An agent message with no calls (prose, or `[]`) ends the user turn, exactly as a non-call reply ends a
   turn in BFCL's prompting inference loop; the next user turn is shown. After the last user turn the
   episode ends and BFCL's `multi_turn_checker` replays the recorded calls on fresh instances and
@@ -18,8 +19,10 @@ Turn mapping (WHY: one env step must be one agent message, the turn boundary tur
 
 Differences from BFCL's loop, chosen for a training signal: a message that tries to call but cannot be
 parsed is a `parse_error` and does not end the user turn (BFCL ends it); a call of a function not offered
-of none of the involved classes is refused with a `tool_error` before execution (BFCL would `eval` any
-name, which we do not allow; a held-out function is callable, as in BFCL, though not yet documented); the other calls of such a message are not run either, so the replayed record equals what ran.
+of none of the involved classes, or with an argument name that is not an identifier, is refused with a
+`tool_error` before execution (a held-out function is callable, as in BFCL, though not yet documented);
+the other calls of such a message are not run either, so the replayed record equals what ran.
+Positional arguments are dropped, as BFCL's decoder drops them, and the step says so (`tool_error`).
 """
 
 from __future__ import annotations
@@ -32,8 +35,7 @@ from typing import Any
 from environments.bfcl._bfcl import bfcl, forget_instances
 from environments.bfcl.calls import Call
 from environments.bfcl.data import entry_copy
-
-EXECUTION_ERROR_PREFIX = "Error during execution:"
+from environments.bfcl.executor import EXECUTION_ERROR_PREFIX, execute, method_table, validate, ValidCall
 
 
 def _is_failed_result(result: str) -> str | None:
@@ -74,7 +76,7 @@ class MultiTurnSession:
         self.verdict: dict | None = None
         # BFCL's executor caches instances in its module globals; free them however this session ends.
         self._release = weakref.finalize(self, forget_instances, self.name)
-        self._execute([])  # instantiate the backends with the task's initial config
+        self._instantiate()
 
     # ------------------------------------------------------------------ turns
     @property
@@ -111,9 +113,10 @@ class MultiTurnSession:
         return self.user_message()
 
     # ------------------------------------------------------------------ calls
-    def _execute(self, sources: list[str]) -> list[str]:
-        results, self.instances = bfcl().execute_multi_turn_func_call(
-            sources,
+    def _instantiate(self) -> None:
+        """The task's backend instances, made by BFCL's own code (an empty call list: nothing is evaluated)."""
+        _, self.instances = bfcl().execute_multi_turn_func_call(
+            [],
             self.entry.get("initial_config", {}),
             self.entry["involved_classes"],
             self.name,
@@ -121,15 +124,20 @@ class MultiTurnSession:
             long_context=self.long_context,
             is_evaL_run=False,
         )
-        return results
+        self._methods = method_table(self.instances)
 
     def unknown_calls(self, calls: list[Call]) -> list[str]:
         return [c.name for c in calls if c.name not in self.callable_names]
 
-    def execute(self, calls: list[Call]) -> list[tuple[str, str]]:
-        """Run one step's calls for real; returns (call source, result) pairs."""
-        sources = [c.to_source() for c in calls]
-        results = self._execute(sources)
+    @staticmethod
+    def validate(calls: list[Call]) -> list[ValidCall]:
+        """Each call reduced to BFCL's decoded form; raises `executor.InvalidCall` (nothing runs)."""
+        return [validate(c) for c in calls]
+
+    def execute(self, calls: list[ValidCall]) -> list[tuple[str, str]]:
+        """Run one step's validated calls for real, by method lookup; returns (call source, result) pairs."""
+        sources = [c.source() for c in calls]
+        results = [execute(c, self._methods) for c in calls]
         self.record[-1].append(sources)
         self.steps_in_turn += 1
         limit = bfcl().default_prompts.MAXIMUM_STEP_LIMIT

@@ -2,8 +2,10 @@
 
 One episode is one problem. The first observation is the problem (HumanEval: signature + docstring;
 MBPP: the text and one example test) and the answer format. Each turn the agent submits code (a
-```python fenced block, or bare code); the env runs it against the problem's tests in a fresh sandboxed
-interpreter (`environments.code.sandbox`):
+```python fenced block, or bare code); the env tests it in a bubblewrap sandbox
+(`environments.code.sandbox.run_checked`): the benchmark's tests run in a checker process that never
+executes the submission and calls it, in another process, for plain-data results; only the checker's
+token-signed verdict counts, so a submission cannot skip, exit out of, or answer for its tests:
 
 * all tests pass -> success, terminated, reward 1;
 * otherwise the observation and `feedback` carry the failing test and the traceback tail, the error kind
@@ -14,7 +16,7 @@ interpreter (`environments.code.sandbox`):
 Decisions where the benchmarks are silent: HumanEval accepts the full function or just the completion
 of the prompt (the original format, recognised by the entry point not being defined); the prompt's own
 imports are prepended to a full function. HumanEval+ checks the base tests and then every base + plus
-input against the canonical solution's output computed in the same sandboxed run (floats with EvalPlus's
+input against the canonical solution's output computed in the checker (floats with EvalPlus's
 tolerance), so its default timeout is longer (30 s: a few canonical solutions need ~15 s on a loaded
 core). Splits: HumanEval and HumanEval+ have only "test"; MBPP (both versions) has the standard
 "test" (ids 11-510), "train" (601-974), "validation" (511-600) and "prompt" (1-10).
@@ -30,8 +32,8 @@ from agentgym_opd.types import StepError, Task
 from environments.code.datasets import (
     MBPP_SPLITS, CodeProblem, load_humaneval, load_humanevalplus, load_mbpp,
 )
-from environments.code.programs import candidate_source, extract_code, syntax_error, test_program_parts
-from environments.code.sandbox import SandboxResult, run_program
+from environments.code.programs import candidate_source, extract_code, syntax_error, test_spec
+from environments.code.sandbox import SandboxResult, check_sandbox, run_checked
 
 DATASETS = ("humaneval", "humanevalplus", "mbpp", "mbpp_sanitized")
 ANSWER_FORMAT = (
@@ -80,6 +82,7 @@ class CodeEnv(TextEnv):
             raise ValueError(f"{dataset} has the splits {', '.join(splits_of(dataset))}; got {split!r}")
         super().__init__(split, max_turns=max_turns, max_action_chars=max_action_chars,
                          env_id=env_id or f"code/{dataset}", render_mode=render_mode)
+        check_sandbox()  # no sandbox, no code env: SandboxUnavailable says how to install bubblewrap
         self.dataset = dataset
         self.timeout_s = timeout_s if timeout_s is not None else (30.0 if dataset == "humanevalplus" else 10.0)
         self.memory_mb = memory_mb
@@ -128,8 +131,8 @@ class CodeEnv(TextEnv):
         problem_syntax = syntax_error(candidate_source(problem, code))
         if problem_syntax:
             return self._fail(StepError("parse_error", f"Your code does not parse. {problem_syntax}\nFix it and submit again."))
-        program, first_test_line = test_program_parts(problem, code)
-        result = run_program(program, timeout_s=self.timeout_s, memory_mb=self.memory_mb, first_test_line=first_test_line)
+        result = run_checked(test_spec(problem), candidate_source(problem, code), timeout_s=self.timeout_s,
+                             memory_mb=self.memory_mb)
         self.last_result = result
         if result.passed:
             self.solved = True

@@ -1,17 +1,17 @@
-"""Turn a submission into code, and code plus a problem's tests into one program for the sandbox.
+"""Turn a submission into the candidate module, and a problem's tests into the checker's data.
 
-Why programs are text: the sandbox runs a fresh interpreter, so everything the tests need (the
-reference solution for HumanEval+'s generated inputs included) is written into the program itself.
-Nothing here executes the submission; `ast.parse` only checks its syntax.
+The candidate and the tests never share a process (see `environments.code.sandbox.run_checked`), so
+the tests travel as data, not as code appended to the submission. Nothing here executes the
+submission; `ast.parse` only checks its syntax.
 """
 
 from __future__ import annotations
 
 import ast
-import json
 import re
 
 from environments.code.datasets import CodeProblem
+from environments.code.sandboxed import wire
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
@@ -70,57 +70,38 @@ def syntax_error(source: str) -> str | None:
     return None
 
 
-_PLUS_HARNESS = '''
-import copy as _copy, json as _json, math as _math
-_REFERENCE = {{}}
-exec(compile({reference!r}, "<reference>", "exec"), _REFERENCE)
-_INPUTS = _json.loads({inputs!r})
-_EXPECTED = [_REFERENCE[{entry!r}](*_copy.deepcopy(_args)) for _args in _INPUTS]
-_ATOL = {atol!r}
-'''
+def test_spec(problem: CodeProblem) -> dict:
+    """The problem's tests as data for the sandbox's checker (`environments/code/sandboxed/supervisor.py`).
 
-_PLUS_CHECK = '''
-def _same(got, expected, atol):
-    if isinstance(expected, float) or isinstance(got, float):
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            return False
-        if _math.isnan(expected) and _math.isnan(got):
-            return True
-        return _math.isclose(got, expected, rel_tol=1e-7, abs_tol=atol or 1e-6)
-    if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)):
-        return len(got) == len(expected) and all(_same(g, e, atol) for g, e in zip(got, expected))
-    return got == expected
-
-def _short(value):
-    text = repr(value)
-    return text if len(text) <= 300 else text[:300] + "..."
-
-for _args, _expected in zip(_INPUTS, _EXPECTED):
-    _got = {entry}(*_copy.deepcopy(_args))
-    assert _same(_got, _expected, _ATOL), f"{entry}(*{{_short(_args)}}) returned {{_short(_got)}}, expected {{_short(_expected)}}"
-'''
+    The checker runs this benchmark code in its own process and calls the candidate in another one, so
+    the candidate can neither skip the tests nor answer for them. HumanEval: the prompt (for helpers such
+    as `poly`) and `check`; HumanEval+ adds every base + plus input, compared with the reference solution's
+    output computed in the checker (floats within EvalPlus's tolerance); MBPP: the setup code and the asserts.
+    """
+    if problem.dataset in ("humaneval", "humanevalplus"):
+        spec = {"kind": problem.dataset, "prompt": problem.prompt, "test_code": problem.test_code,
+                "entry_point": problem.entry_point}
+        if problem.dataset == "humanevalplus":
+            inputs = list(problem.extra["base_input"]) + list(problem.extra["plus_input"])
+            spec.update(reference=problem.solution, inputs=wire.encode([list(args) for args in inputs]),
+                        atol=problem.extra.get("atol", 0.0))
+        return spec
+    return {"kind": "asserts", "setup": problem.setup_code, "tests": list(problem.tests), "entry_point": problem.entry_point,
+            "reference_names": reference_names(problem.solution)}
 
 
-def test_program(problem: CodeProblem, code: str) -> str:
-    """The program that exits 0 exactly when `code` passes all of the problem's tests."""
-    return test_program_parts(problem, code)[0]
-
-
-def test_program_parts(problem: CodeProblem, code: str) -> tuple[str, int]:
-    """(program, first line of its test part): the sandbox reports the failing line from there on."""
-    prefix, tests = _split_program(problem, code)
-    return prefix + tests, prefix.count("\n") + 1
-
-
-def _split_program(problem: CodeProblem, code: str) -> tuple[str, str]:
-    candidate = candidate_source(problem, code)
-    if problem.dataset == "humaneval":
-        return f"{candidate}\n", f"\n{problem.test_code}\n\ncheck({problem.entry_point})\n"
-    if problem.dataset == "humanevalplus":
-        inputs = list(problem.extra["base_input"]) + list(problem.extra["plus_input"])
-        harness = _PLUS_HARNESS.format(reference=problem.solution, inputs=json.dumps(inputs),
-                                       entry=problem.entry_point, atol=problem.extra.get("atol", 0.0))
-        # The reference runs before the candidate is defined, so the candidate cannot alter the expected outputs.
-        return (f"{harness}\n{candidate}\n", f"\n{problem.test_code}\n\ncheck({problem.entry_point})\n"
-                + _PLUS_CHECK.format(entry=problem.entry_point))
-    return f"{candidate}\n{problem.setup_code}\n", "\n" + "\n".join(problem.tests) + "\n"
+def reference_names(solution: str) -> list[str]:
+    """The top-level functions, classes and variables of the reference solution: the names the tests
+    expect the candidate to provide (see `plan_names` in the checker)."""
+    try:
+        tree = ast.parse(solution)
+    except (SyntaxError, ValueError):
+        return []
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return sorted(names)

@@ -1,107 +1,68 @@
-"""Run untrusted (model-written) Python in a fresh, resource-limited subprocess.
+"""Run model-written Python inside bubblewrap, with limits the kernel enforces and output the host bounds.
 
-Why a subprocess and not `exec`: generated code loops forever, allocates without bound, forks, calls
-`sys.exit`, corrupts interpreter state. Only a separate process that we can kill keeps the host (the
-rollout worker) alive. Each `run_program` call:
+Why bubblewrap: it is the isolation tool Debian ships (`apt-get install bubblewrap`; nsjail is not in
+Debian 12), it needs no daemon, starts in a few milliseconds, and sets up the namespaces from a plain
+command line. Each run gets:
 
-* writes the program to a fresh temporary directory and runs `python -I -B guard.py main.py` there
-  (`-I`: no user site, no PYTHON* variables, script dir not on sys.path; `-B`: no .pyc writes);
-* closes stdin (DEVNULL), starts a new session so that a timeout kills the whole process group;
-* sets limits in `preexec_fn`: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE (file size), RLIMIT_NPROC
-  (processes; note the kernel does not enforce it for root, hence the audit hook below), RLIMIT_CORE=0;
-* cuts the network: on Linux with a working `unshare -rn` (checked once, cached) the child runs in a new
-  user + network namespace that has only a downed loopback, so no connection can leave the machine;
-  independently of that, the guard's audit hook refuses `socket.connect`/`bind`/`getaddrinfo` etc.
-  (on the project's Linux build machines, running as root, `unshare -rn` works, so both layers hold;
-  elsewhere, e.g. macOS or a container without user namespaces, only the audit hook does);
-* the guard installs a `sys.addaudithook` hook (which cannot be removed from Python code) that refuses
-  opening files for writing, and `os.remove/rename/rmdir/mkdir/chmod/symlink/link/truncate/...`, for any
-  path outside the temp dir, and refuses process creation (`os.fork`, `os.system`, `subprocess.Popen`,
-  `os.exec*`, `os.posix_spawn`), which is what contains a fork bomb even as root.
+* its own user, pid, mount, network, IPC, UTS and cgroup namespaces (`--unshare-*`), no capabilities,
+  no new privileges, and no further user namespaces (`--disable-userns`);
+* a root file system holding only /usr read-only (the Debian interpreter and its standard library), a
+  fresh /proc of its own pid namespace, a minimal /dev, the run's files read-only under /sandbox (copied in
+  through file descriptors: no host path of the task is mounted) and a private, size-limited tmpfs as
+  /tmp (the working directory). No /etc, /home, /root, /work, no host /tmp, no host sockets;
+* a network namespace with only a loopback interface: nothing reaches the host or beyond;
+* limits: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_CORE=0, and RLIMIT_NPROC set *inside*
+  the namespace. When the host runs as root, bubblewrap itself is started as the unprivileged uid
+  SANDBOX_UID: the kernel never enforces RLIMIT_NPROC for real uid 0 (even inside a user namespace), so
+  the process limit would not hold otherwise; set inside the namespace, it counts that namespace's
+  processes only, so concurrent runs do not share a budget;
+* a wall-clock timeout: the host SIGKILLs bubblewrap, whose `--die-with-parent` takes down the pid
+  namespace's init, and with it every process of the run (setsid() grandchildren and daemons included);
+* output read through a bounded reader: the host keeps at most `TAIL_BYTES` of each stream and stops the
+  run once `max_output_bytes` have arrived.
 
-Guarantees and non-guarantees: this is a *best-effort* sandbox against buggy or careless code, the
-threat model of code benchmarks (HumanEval's own harness is weaker). It is NOT a security boundary
-against deliberately malicious code: `ctypes` or a C extension can make syscalls that no audit hook sees
-(e.g. write files or call fork directly); the child runs as the same user as the host; reads of the file
-system are allowed. The wall-clock timeout and the rlimits hold regardless of what the code does (they
-are enforced by the kernel and the parent). For hostile code use a container or gVisor on top.
+Where bubblewrap is missing or cannot create namespaces, `SandboxUnavailable` says how to fix it; there is
+no weaker fallback.
+
+`run_program` runs a plain program and reports its exit status (the program's own claim, fine for
+containment). Verdicts on tests use `run_checked` (see `environments.code.sandboxed.supervisor`): the
+tests run in a process the candidate cannot touch, and the host accepts only a verdict that carries the
+run's random token.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import resource
+import secrets
+import selectors
 import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-# The guard runs first in the child; it takes the program path as argv[1]. Kept as source text so the
-# child needs nothing from this package (the child's sys.path does not include the repo).
-GUARD_SOURCE = r'''
-import os, sys
-sys.dont_write_bytecode = True
-_ROOT = os.path.realpath(os.getcwd())
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_WRITE_FLAGS = _WRITE_FLAGS
-_PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link",
-                "os.symlink", "os.truncate", "os.utime", "shutil.rmtree", "shutil.move", "shutil.copyfile",
-                "shutil.copytree", "os.chflags", "os.lchflags", "os.setxattr", "os.removexattr", "os.mkfifo", "os.mknod"}
-_PROCESS_EVENTS = {"os.fork", "os.forkpty", "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn",
-                   "os.spawn", "os.startfile", "pty.spawn", "os.kill", "os.killpg"}
-_NET_EVENTS = {"socket.connect", "socket.bind", "socket.getaddrinfo", "socket.gethostbyname",
-               "socket.gethostbyaddr", "socket.sendto", "socket.sendmsg"}
-_realpath = os.path.realpath
-_fspath = os.fspath
-_SEP = os.sep
-_PathLike = os.PathLike
-
-def _inside(path):
-    if isinstance(path, int):
-        return True  # an already open descriptor: its opening was checked
-    try:
-        p = _fspath(path)
-        if isinstance(p, bytes):
-            p = p.decode("utf-8", "surrogateescape")
-        full = _realpath(p)
-    except Exception:
-        return False
-    return full == _ROOT or full.startswith(_ROOT + _SEP)
-
-def _hook(event, args):
-    if event == "open":
-        path, mode, flags = (tuple(args) + (None, None, 0))[:3]
-        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & _WRITE_FLAGS)
-        if writing and path is not None and not _inside(path):
-            raise PermissionError(f"sandbox: writing outside the working directory is not allowed: {path!r}")
-    elif event in _PATH_EVENTS:
-        for arg in args[:2]:
-            if isinstance(arg, (str, bytes, _PathLike)) and not _inside(arg):
-                raise PermissionError(f"sandbox: {event} outside the working directory is not allowed: {arg!r}")
-    elif event in _PROCESS_EVENTS:
-        raise PermissionError(f"sandbox: creating or signalling processes ({event}) is not allowed")
-    elif event in _NET_EVENTS:
-        raise PermissionError(f"sandbox: network access ({event}) is not allowed")
-
-sys.addaudithook(_hook)
-_program = sys.argv[1]
-sys.argv = [_program]
-import runpy as _runpy
-_runpy.run_path(_program, run_name="__main__")
-'''
-
+SANDBOX_UID = 65534  # nobody/nogroup: an unprivileged identity for bubblewrap when the host is root
+SANDBOX_DIR = "/sandbox"
+INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install -y bubblewrap; it ships in scripts/install.sh)"
 STATUSES = ("passed", "failed", "timeout", "memory", "crashed")
+TAIL_BYTES = 16384
 TAIL_CHARS = 4000
+VERDICT_LIMIT = 65536
+_HELPERS = Path(__file__).with_name("sandboxed")
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot run here; the message says what is missing and how to install it."""
 
 
 @dataclass
 class SandboxResult:
-    """Outcome of one program run. `failing_test` is the source line where the program failed, if known."""
+    """Outcome of one run. `failing_test` is the test source line that failed, if known."""
 
     status: str  # one of STATUSES
     returncode: int | None
@@ -116,153 +77,341 @@ class SandboxResult:
         return self.status == "passed"
 
 
+@dataclass
+class _Raw:
+    returncode: int | None
+    stdout: bytes
+    stderr: bytes
+    verdict: bytes
+    timed_out: bool
+    output_exceeded: bool
+    duration_s: float
+
+
+def sandbox_python() -> str:
+    """The interpreter for the sandbox: Debian's /usr/bin/python3 (its standard library lives under /usr,
+    the only host tree the sandbox sees)."""
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.path.exists(candidate) and os.path.realpath(candidate).startswith("/usr/"):
+            return candidate
+    raise SandboxUnavailable("no Python under /usr for the sandbox: apt-get install -y python3")
+
+
 @functools.lru_cache(maxsize=1)
-def network_namespace_available() -> bool:
-    """True when `unshare -rn` can start a process here (Linux, unprivileged user namespaces or root)."""
-    exe = shutil.which("unshare")
-    if not sys.platform.startswith("linux") or exe is None:
-        return False
-    try:
-        return subprocess.run([exe, "-rn", "true"], stdin=subprocess.DEVNULL, capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+def _bwrap() -> str:
+    exe = shutil.which("bwrap")
+    if exe is None:
+        raise SandboxUnavailable(f"the code sandbox needs bubblewrap (bwrap), which is not installed: {INSTALL_HINT}")
+    return exe
 
 
-def _limits(memory_mb: int, cpu_s: float, max_file_mb: int, max_procs: int):
-    """preexec_fn: runs in the child between fork and exec, so the limits bind the child only.
+def check_sandbox() -> None:
+    """Raise SandboxUnavailable unless bubblewrap can start a sandbox here (checked once per process)."""
+    _probe()
 
-    It only calls setrlimit (no locks, no imports), which keeps `preexec_fn` safe enough when rollouts
-    call the sandbox from several threads."""
 
+@functools.lru_cache(maxsize=1)
+def _probe() -> bool:
+    raw = _run({}, [sandbox_python(), "-I", "-S", "-c", "print('ok')"], timeout_s=20, memory_mb=512, cpu_s=10,
+               max_file_mb=1, max_procs=8, max_output_bytes=4096, tmpfs_mb=1)
+    if raw.returncode != 0 or raw.stdout.strip() != b"ok":
+        raise SandboxUnavailable(
+            "bubblewrap is installed but cannot create its namespaces here (it needs user namespaces: "
+            "sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0): "
+            + raw.stderr.decode("utf-8", "replace")[-500:])
+    return True
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, 0)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _command(file_fds: dict[str, int], argv: list[str], tmpfs_mb: int) -> list[str]:
+    cmd = [_bwrap(), "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+           "--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+           "--uid", "1000", "--gid", "1000", "--hostname", "sandbox",
+           "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+           "--proc", "/proc", "--dev", "/dev", "--size", str(tmpfs_mb << 20), "--tmpfs", "/tmp",
+           "--tmpfs", SANDBOX_DIR]
+    if os.path.isdir("/usr/lib64"):
+        cmd += ["--symlink", "usr/lib64", "/lib64"]
+    for name, fd in file_fds.items():
+        cmd += ["--ro-bind-data", str(fd), f"{SANDBOX_DIR}/{name}"]
+    cmd += ["--remount-ro", SANDBOX_DIR, "--remount-ro", "/", "--chdir", "/tmp", "--clearenv",
+            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8", "--setenv", "HOME", "/tmp",
+            "--setenv", "TMPDIR", "/tmp", "--setenv", "PYTHONHASHSEED", "0", "--"]
+    return cmd + argv
+
+
+def _host_limits(memory_mb: int, cpu_s: float, max_file_mb: int):
+    """preexec_fn for bubblewrap: limits every process of the run inherits, then (as root) drop to SANDBOX_UID.
+    Only setrlimit/setgroups/setres[ug]id: safe between fork and exec."""
     def apply() -> None:
-        def setlimit(which: int, value: int) -> None:
-            try:
-                soft, hard = resource.getrlimit(which)
-                value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-                resource.setrlimit(which, (value, value))
-            except (ValueError, OSError):
-                pass  # a limit this platform does not support: the others and the timeout still hold
-
-        setlimit(resource.RLIMIT_AS, memory_mb * 1024 * 1024)
-        setlimit(resource.RLIMIT_CPU, max(1, int(cpu_s + 0.999)))
-        setlimit(resource.RLIMIT_FSIZE, max_file_mb * 1024 * 1024)
-        setlimit(resource.RLIMIT_CORE, 0)
-        if hasattr(resource, "RLIMIT_NPROC"):
-            setlimit(resource.RLIMIT_NPROC, max_procs)
-
+        cpu = max(1, int(cpu_s + 0.999))
+        _lower(resource.RLIMIT_AS, (memory_mb + 256) << 20)  # the interpreter's own mappings on top of the budget
+        _lower(resource.RLIMIT_CPU, cpu, cpu + 1)
+        _lower(resource.RLIMIT_FSIZE, max_file_mb << 20)
+        _lower(resource.RLIMIT_CORE, 0)
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
+            os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
     return apply
 
 
-def _tail(data: bytes | str | None, limit: int = TAIL_CHARS) -> str:
-    if data is None:
-        return ""
-    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+def _lower(which: int, soft: int, hard: int | None = None) -> None:
+    """Set a limit, never above the one the host already has (raising it would need privileges)."""
+    _, current = resource.getrlimit(which)
+    hard = soft if hard is None else hard
+    if current != resource.RLIM_INFINITY:
+        soft, hard = min(soft, current), min(hard, current)
+    resource.setrlimit(which, (soft, hard))
+
+
+def _run(files: dict[str, bytes], argv: list[str], *, timeout_s: float, memory_mb: int, cpu_s: float,
+         max_file_mb: int, max_procs: int, max_output_bytes: int, tmpfs_mb: int,
+         token: bytes | None = None, secret: bytes = b"") -> _Raw:
+    """One bubblewrap run of `argv`. With `token`, three more arguments name the descriptors that carry
+    the verdict out, and the token and `secret` in (read once by the first process, before any candidate
+    code exists; bubblewrap's init closes its copies)."""
+    file_fds = {name: _memfd(name, data) for name, data in files.items()}
+    passed = list(file_fds.values())
+    verdict_r = None
+    argv = list(argv)
+    if token is not None:
+        verdict_r, verdict_w = os.pipe()
+        token_r, token_w = os.pipe()
+        os.write(token_w, token)
+        os.close(token_w)
+        secret_fd = _memfd("secret", secret)
+        passed += [verdict_w, token_r, secret_fd]
+        argv += [str(verdict_w), str(token_r), str(secret_fd)]
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(_command(file_fds, argv, tmpfs_mb), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=tuple(passed),
+                                start_new_session=True, preexec_fn=_host_limits(memory_mb, cpu_s, max_file_mb))
+    except BaseException:
+        if verdict_r is not None:
+            os.close(verdict_r)
+        raise
+    finally:
+        for fd in passed:
+            os.close(fd)
+    readers = {proc.stdout.fileno(): _Tail(TAIL_BYTES), proc.stderr.fileno(): _Tail(TAIL_BYTES)}
+    if verdict_r is not None:
+        readers[verdict_r] = _Tail(VERDICT_LIMIT, keep_head=True)
+    try:
+        timed_out, exceeded = _pump(proc, readers, timeout_s, max_output_bytes, counted=(proc.stdout.fileno(), proc.stderr.fileno()))
+    finally:
+        _kill(proc)
+        returncode = proc.wait()
+        out, err = readers[proc.stdout.fileno()].data(), readers[proc.stderr.fileno()].data()
+        verdict = readers[verdict_r].data() if verdict_r is not None else b""
+        proc.stdout.close()
+        proc.stderr.close()
+        if verdict_r is not None:
+            os.close(verdict_r)
+    return _Raw(returncode, out, err, verdict, timed_out, exceeded, time.monotonic() - start)
+
+
+class _Tail:
+    """A bounded buffer: keeps the last (or first) `cap` bytes of a stream and counts the rest."""
+
+    def __init__(self, cap: int, keep_head: bool = False):
+        self.cap, self.keep_head = cap, keep_head
+        self.buffer = bytearray()
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        if self.keep_head:
+            room = self.cap - len(self.buffer)
+            if room > 0:
+                self.buffer += chunk[:room]
+            return
+        self.buffer += chunk
+        if len(self.buffer) > self.cap:
+            del self.buffer[:len(self.buffer) - self.cap]
+
+    def data(self) -> bytes:
+        return bytes(self.buffer)
+
+
+def _pump(proc: subprocess.Popen, readers: dict[int, _Tail], timeout_s: float, max_output_bytes: int,
+          counted: tuple[int, ...]) -> tuple[bool, bool]:
+    """Read every stream until all close or the deadline passes; never holds more than the readers' caps.
+    Returns (timed out, output over the limit)."""
+    deadline = time.monotonic() + timeout_s
+    selector = selectors.DefaultSelector()
+    for fd in readers:
+        os.set_blocking(fd, False)
+        selector.register(fd, selectors.EVENT_READ)
+    open_fds = set(readers)
+    try:
+        while open_fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True, False
+            for key, _ in selector.select(min(left, 0.5)):
+                try:
+                    chunk = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    selector.unregister(key.fd)
+                    open_fds.discard(key.fd)
+                    continue
+                readers[key.fd].add(chunk)
+                if sum(readers[fd].total for fd in counted) > max_output_bytes:
+                    return False, True
+        # every stream closed: the processes holding them are gone; wait for bubblewrap itself
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return True, False
+        return False, False
+    finally:
+        selector.close()
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL bubblewrap's process group: --die-with-parent then ends the namespace's init, and the kernel
+    kills every process left in the pid namespace."""
+    if proc.poll() is not None:
+        return  # already reaped: its pid may belong to another process by now
+    for target in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
+        try:
+            target()
+        except OSError:
+            pass
+
+
+def _text(data: bytes, limit: int = TAIL_CHARS) -> str:
+    text = data.decode("utf-8", "replace")
     return text if len(text) <= limit else "[...]\n" + text[-limit:]
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
-def clean_traceback(stderr: str, workdir: str) -> str:
-    """Drop the sandbox's own frames (guard, runpy) and the temp path, so a model sees only its code's frames."""
+_HARNESS_FRAMES = tuple(f'"{SANDBOX_DIR}/{name}"' for name in ("launch.py", "supervisor.py", "worker.py", "wire.py")) + ("<frozen runpy>",)
+
+
+def clean_traceback(stderr: str) -> str:
+    """Drop the harness's own frames, so a model sees only its code's frames (as main.py)."""
     out, skip_source = [], False
     for line in stderr.splitlines():
         stripped = line.strip()
         if stripped.startswith('File "'):
-            skip_source = "_sandbox_guard.py" in stripped or "<frozen runpy>" in stripped
+            skip_source = any(name in stripped for name in _HARNESS_FRAMES)
             if skip_source:
                 continue
         elif skip_source and line.startswith("    "):
-            continue  # the source line (and caret line) of a dropped frame
+            continue
         else:
             skip_source = False
-        out.append(line.replace(workdir + os.sep, ""))
+        out.append(line.replace(f"{SANDBOX_DIR}/", ""))
     return "\n".join(out)
 
 
-def failing_line(stderr: str, program: str, program_path: str, first_test_line: int = 1) -> str | None:
-    """The source line of the innermost traceback frame in the program's test part (line >= first_test_line):
-    the failed test, even when the exception was raised deeper, inside the code under test."""
+def failing_line(stderr: str, program: str, program_name: str = "main.py", first_test_line: int = 1) -> str | None:
+    """The source line of the innermost traceback frame of `program_name` at or after `first_test_line`."""
     lines = program.splitlines()
     hit = None
     for path, lineno in _FRAME.findall(stderr):
-        if os.path.basename(path) == os.path.basename(program_path) and int(lineno) >= first_test_line:
+        if os.path.basename(path) == program_name and int(lineno) >= first_test_line:
             hit = int(lineno)
     if hit is None or not 1 <= hit <= len(lines):
         return None
     return lines[hit - 1].strip()
 
 
-def run_program(
-    program: str,
-    *,
-    timeout_s: float = 10.0,
-    memory_mb: int = 1024,
-    max_file_mb: int = 16,
-    max_procs: int = 64,
-    python: str | None = None,
-    isolate_network: bool = True,
-    first_test_line: int = 1,
-) -> SandboxResult:
-    """Run `program` (Python source) in a fresh sandboxed interpreter; never raises for what the program does.
+def run_program(program: str, *, timeout_s: float = 10.0, memory_mb: int = 1024, max_file_mb: int = 16,
+                max_procs: int = 16, max_output_bytes: int = 8 << 20, tmpfs_mb: int = 64,
+                first_test_line: int = 1) -> SandboxResult:
+    """Run `program` (Python source) as /sandbox/main.py in the sandbox and report how it ended.
 
-    Exit status 0 -> "passed"; killed by the wall clock (or RLIMIT_CPU's SIGXCPU) -> "timeout"; a
-    MemoryError or a kill after hitting RLIMIT_AS -> "memory"; any other exception -> "failed"
-    (with the failing source line, searched from `first_test_line` on); death by another signal -> "crashed".
-    """
-    workdir = tempfile.mkdtemp(prefix="agentgym_code_")
-    program_path = os.path.join(workdir, "main.py")
-    guard_path = os.path.join(workdir, "_sandbox_guard.py")
+    The status comes from the exit status, which the program controls: use it for containment, never as a
+    verdict (that is `run_checked`). Never raises for what the program does; raises SandboxUnavailable when
+    the sandbox cannot run here."""
+    check_sandbox()
+    data = program.encode("utf-8", "surrogateescape")
+    # RLIMIT_NPROC must be set inside the namespace (see the module docstring): a two-line launcher does it
+    launcher = (f"import resource, runpy, sys\nhard = resource.getrlimit(resource.RLIMIT_NPROC)[1]\n"
+                f"limit = {max_procs} if hard == resource.RLIM_INFINITY else min({max_procs}, hard)\n"
+                "resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))\n"
+                "sys.argv = ['main.py']\nrunpy.run_path('/sandbox/main.py', run_name='__main__')\n")
+    raw = _run({"main.py": data, "launch.py": launcher.encode()}, [sandbox_python(), "-I", "-S", "-B", f"{SANDBOX_DIR}/launch.py"],
+               timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=timeout_s, max_file_mb=max_file_mb,
+               max_procs=max_procs, max_output_bytes=max_output_bytes, tmpfs_mb=tmpfs_mb)
+    stderr = _text(clean_traceback(raw.stderr.decode("utf-8", "replace")).encode())
+    code = raw.returncode
+    # bubblewrap's init exits with 128 + N when the program died of signal N
+    died_of = code - 128 if code is not None and code > 128 else None
+    if raw.timed_out or died_of == signal.SIGXCPU:
+        status = "timeout"
+    elif raw.output_exceeded:
+        status, stderr = "failed", stderr + f"\n[the program printed more than {max_output_bytes} bytes and was stopped]"
+    elif code == 0:
+        status = "passed"
+    elif "MemoryError" in stderr or died_of == signal.SIGKILL:
+        status = "memory"
+    elif died_of is not None:
+        status = "crashed"
+    else:
+        status = "failed"
+    failing = failing_line(stderr, program, "main.py", first_test_line) if status in ("failed", "memory") else None
+    return SandboxResult(status, code, _text(raw.stdout), stderr, raw.duration_s, failing,
+                         {"output_bytes_dropped": raw.output_exceeded})
+
+
+def run_checked(spec: dict, candidate: str, *, timeout_s: float = 10.0, memory_mb: int = 1024,
+                max_file_mb: int = 16, max_procs: int = 16, max_output_bytes: int = 8 << 20,
+                tmpfs_mb: int = 64) -> SandboxResult:
+    """Test `candidate` (module source) against `spec` (the benchmark's tests, see supervisor.py) and
+    return a verdict the candidate cannot forge: "passed" only when the supervisor's verdict arrives on
+    its own descriptor with this run's random token and says so."""
+    check_sandbox()
+    token = secrets.token_hex(32).encode()
+    spec = dict(spec, limits={"memory_mb": memory_mb, "cpu_s": timeout_s, "max_procs": max_procs})
+    # the tests and the reference solution reach only the checker (a descriptor it reads and closes before
+    # the candidate starts), never a file the candidate could read for the expected answers
+    files = {"main.py": candidate.encode("utf-8", "surrogateescape"),
+             "supervisor.py": (_HELPERS / "supervisor.py").read_bytes(), "worker.py": (_HELPERS / "worker.py").read_bytes(),
+             "wire.py": (_HELPERS / "wire.py").read_bytes()}
+    raw = _run(files, [sandbox_python(), "-I", "-S", "-B", f"{SANDBOX_DIR}/supervisor.py"], timeout_s=timeout_s,
+               memory_mb=memory_mb * 2, cpu_s=timeout_s, max_file_mb=max_file_mb, max_procs=max_procs,
+               max_output_bytes=max_output_bytes, tmpfs_mb=tmpfs_mb, token=token, secret=json.dumps(spec).encode())
+    verdict = parse_verdict(raw.verdict, token)
+    if raw.timed_out or verdict.get("signal") == signal.SIGXCPU:
+        return SandboxResult("timeout", raw.returncode, _text(raw.stdout), _text(raw.stderr), raw.duration_s)
+    if raw.output_exceeded:
+        return SandboxResult("failed", raw.returncode, _text(raw.stdout), f"the program printed more than {max_output_bytes} bytes and was stopped",
+                             raw.duration_s, details={"kind": "output"})
+    if verdict.get("status") == "passed":
+        return SandboxResult("passed", raw.returncode, _text(raw.stdout), _text(raw.stderr), raw.duration_s, details=verdict)
+    kind = verdict.get("kind", "no verdict")
+    status = "memory" if kind == "memory" else "failed"
+    lines = [verdict.get("message") or ("the test harness gave no verdict (the run was cut short)" if not verdict else "")]
+    if verdict.get("traceback"):
+        lines.append(clean_traceback(verdict["traceback"]))
+    stderr = _text("\n".join(line for line in lines if line).encode())
+    return SandboxResult(status, raw.returncode, _text(raw.stdout), stderr, raw.duration_s, verdict.get("failing_test"), verdict)
+
+
+def parse_verdict(data: bytes, token: bytes) -> dict:
+    """The supervisor's verdict if `data` is exactly this run's token, a newline and one JSON object; else {}."""
+    head, sep, body = data.partition(b"\n")
+    if not sep or not secrets.compare_digest(head, token):
+        return {}
     try:
-        with open(program_path, "w", encoding="utf-8", errors="surrogateescape") as handle:
-            handle.write(program)
-        with open(guard_path, "w", encoding="utf-8") as handle:
-            handle.write(GUARD_SOURCE)
-        command = [python or sys.executable, "-I", "-B", guard_path, program_path]
-        if isolate_network and network_namespace_available():
-            command = [shutil.which("unshare") or "unshare", "-rn", *command]
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "HOME": workdir, "TMPDIR": workdir}
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            command,
-            cwd=workdir,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_limits(memory_mb, timeout_s, max_file_mb, max_procs),
-        )
-        timed_out = False
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            out, err = proc.communicate()
-        duration = time.monotonic() - start
-        _kill_group(proc)  # stray children that outlived the main process
-        stdout = _tail(out)
-        stderr = _tail(clean_traceback((err or b"").decode("utf-8", "replace"), workdir))
-        code = proc.returncode
-        if timed_out or code == -signal.SIGXCPU:
-            status = "timeout"
-        elif code == 0:
-            status = "passed"
-        elif "MemoryError" in stderr or code == -signal.SIGKILL:
-            status = "memory"
-        elif code is not None and code < 0:
-            status = "crashed"
-        else:
-            status = "failed"
-        failing = failing_line(stderr, program, "main.py", first_test_line) if status in ("failed", "memory") else None
-        return SandboxResult(status, code, stdout, stderr, duration, failing)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError, OSError):
-        pass
+        verdict = json.loads(body.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return verdict if isinstance(verdict, dict) and verdict.get("status") in ("passed", "failed") else {}

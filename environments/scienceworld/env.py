@@ -11,15 +11,21 @@ Decisions, and why:
   Here they are lazy: `step` calls the simulator once (plus score/completion); `valid_actions=True` puts
   the admissible list in `info` every step and `extras=True` adds `info["look"]`/`info["inventory"]`.
   `benchmarks/bench_real_envs.py` measures the difference.
-* A JVM that dies mid-episode is an `env_crash` StepError on that step; the env starts a fresh JVM, reloads
-  the variation and replays the episode's actions so far (the simulator is deterministic), so the episode
-  continues from the same state.
+* A JVM that dies or stops answering is never fatal (`agentgym_opd.jvm`): every simulator call has a
+  timeout (`step_timeout_s`; loading a variation with its gold path is slower and gets `load_timeout_s`),
+  a failed call kills what is left of the JVM and starts a fresh one, and the restart leaves one log line.
+  Mid-episode the step is an `env_crash` StepError and the env reloads the variation and replays the
+  episode's actions (the simulator is deterministic), so the episode continues from the same state; on
+  `reset` the fresh JVM starts the new episode and `info["error"]` reports the `env_crash`. A JVM that
+  cannot be brought back (it fails again at once) ends the episode as an `env_crash`.
 """
 
 from __future__ import annotations
 
 import shutil
+from typing import Any, Callable
 
+from agentgym_opd import jvm
 from agentgym_opd.core import StepOutcome, TextEnv, UnknownTaskError
 from agentgym_opd.types import StepError, Task
 
@@ -53,18 +59,25 @@ class ScienceWorldTextEnv(TextEnv):
         extras: bool = False,
         max_tasks: int | None = None,
         max_turns: int = 100,
+        step_timeout_s: float = 30.0,
+        load_timeout_s: float = 300.0,
         env_id: str | None = None,
         **kwargs,
     ):
         if split not in _FOLDS:
             raise ValueError(f"split must be one of {sorted(_FOLDS)}, got {split!r}")
+        if not (step_timeout_s > 0 and load_timeout_s > 0):
+            raise ValueError(f"step_timeout_s and load_timeout_s must be > 0 seconds, got {step_timeout_s}, {load_timeout_s}")
         super().__init__(split, max_turns=max_turns, env_id=env_id or f"scienceworld/{task_name}", **kwargs)
+        self.step_timeout_s, self.load_timeout_s = float(step_timeout_s), float(load_timeout_s)
         self._engine_cls = _load_engine_class()
         self.task_name, self.simplifications = task_name, simplifications
         self.want_valid_actions, self.want_extras = valid_actions, extras
         self.fold, self.max_tasks = _FOLDS[split], max_tasks
+        self.restarts = 0
+        self._reset_crash: str | None = None
         self.engine = self._new_engine()
-        if task_name not in list(self.engine.get_task_names()):
+        if task_name not in list(self._call("startup", lambda: self.engine.get_task_names())):
             raise ValueError(f"unknown ScienceWorld task {task_name!r}; see environments.scienceworld.TASK_NAMES")
         self._ids: list[str] | None = None
         self._tasks: dict[str, Task] = {}
@@ -72,19 +85,48 @@ class ScienceWorldTextEnv(TextEnv):
         self._history: list[str] = []
         self._score = 0
         self._completed = False
-        self.restarts = 0
 
     def _new_engine(self):
-        return self._engine_cls("", envStepLimit=self.max_turns + 10)
+        engine = self._engine_cls("", envStepLimit=self.max_turns + 10)
+        jvm.set_call_timeout(engine, self.step_timeout_s)
+        return engine
+
+    # ------------------------------------------------------------------ the JVM
+    def _call(self, where: str, call: Callable[[], Any], *, slow: bool = True) -> Any:
+        """``call()`` against the engine; a JVM failure restarts it (one log line) and retries once.
+
+        For calls outside an episode (task lists, loading a task): nothing to replay."""
+        for attempt in (0, 1):
+            try:
+                with jvm.call_timeout(self.engine, self.load_timeout_s if slow else self.step_timeout_s,
+                                      self.step_timeout_s):
+                    return jvm.guarded(self.engine, call)
+            except jvm.JVMFailure as failure:
+                self._fresh_engine(where, str(failure))
+                if attempt:
+                    raise RuntimeError(f"{self.env_id}: ScienceWorld's JVM failed twice in a row during {where} "
+                                       f"({failure}); is Java 17+ working?") from None
+
+    def _fresh_engine(self, where: str, cause: str) -> None:
+        """Kill the old JVM (dead, frozen or failing), start a new one, log one line."""
+        self.restarts += 1
+        jvm.log_restart(self.env_id, where, cause, self.restarts)
+        old, self.engine = self.engine, None
+        jvm.kill(old)
+        self.engine = self._new_engine()
+        self._loaded = None
 
     # ------------------------------------------------------------------ tasks
     def task_ids(self) -> list[str]:
         if self._ids is None:
-            self.engine.load(self.task_name, 0, self.simplifications)
+            def variations_of_fold() -> list:
+                self.engine.load(self.task_name, 0, self.simplifications)
+                getter = {"train": self.engine.get_variations_train, "dev": self.engine.get_variations_dev,
+                          "test": self.engine.get_variations_test}[self.fold]
+                return list(getter())
+
+            variations = sorted(int(v) for v in self._call("task listing", variations_of_fold))
             self._loaded = None
-            getter = {"train": self.engine.get_variations_train, "dev": self.engine.get_variations_dev,
-                      "test": self.engine.get_variations_test}[self.fold]
-            variations = sorted(int(v) for v in getter())
             variations = variations[: self.max_tasks] if self.max_tasks else variations
             self._ids = [f"{self.task_name}/var-{v}" for v in variations]
         return list(self._ids)
@@ -99,28 +141,48 @@ class ScienceWorldTextEnv(TextEnv):
         if task_id not in set(self.task_ids()):
             raise UnknownTaskError(task_id, self.task_ids())
         variation = int(task_id.rsplit("var-", 1)[1])
-        self._load(variation)
+
+        def load_with_gold_path() -> tuple[str, list[str]]:
+            self._load(variation)
+            return str(self.engine.get_task_description()), list(self.engine.get_gold_action_sequence())
+
+        instruction, walkthrough = self._call("task loading", load_with_gold_path)
         task = Task(
             id=task_id,
             env_id=self.env_id,
             split=self.split,
-            instruction=str(self.engine.get_task_description()),
-            privileged={"walkthrough": list(self.engine.get_gold_action_sequence())},
+            instruction=instruction,
+            privileged={"walkthrough": walkthrough},
             metadata={"task_name": self.task_name, "variation": variation, "simplifications": self.simplifications},
         )
         self._tasks[task_id] = task
         return task
 
     # ------------------------------------------------------------------ episode
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """The base reset; a JVM that had to be restarted to start the episode is reported as ``env_crash``."""
+        self._reset_crash = None
+        obs, info = super().reset(seed=seed, options=options)
+        if self._reset_crash is not None:
+            info["error"] = StepError("env_crash", f"ScienceWorld's JVM failed ({self._reset_crash}) and was "
+                                                   "restarted before this episode began.")
+        return obs, info
+
     def _start(self, task: Task) -> str:
-        variation = task.metadata["variation"]
+        self._history = []
+        self._score, self._completed = 0, False
+        restarts = self.restarts
+        obs = self._call("reset", lambda: self._begin(task.metadata["variation"]))
+        if self.restarts != restarts:
+            self._reset_crash = f"{self.restarts - restarts} restart(s)"
+        return f"{task.instruction}\n\n{obs}"
+
+    def _begin(self, variation: int) -> str:
+        """Load the variation if needed and start an episode in it: the first observation."""
         if self._loaded != variation:
             self._load(variation)
         self.engine.server.reset()
-        self._history = []
-        self._score, self._completed = 0, False
-        obs = self._raw_step("look around")
-        return f"{task.instruction}\n\n{obs}"
+        return self._raw_step("look around")
 
     def _raw_step(self, action: str) -> str:
         """One simulator call plus score and completion: the minimum an episode needs."""
@@ -132,14 +194,10 @@ class ScienceWorldTextEnv(TextEnv):
 
     def _act(self, action: str) -> StepOutcome:
         before = self._score
-        if self._jvm_exited():  # checked first: a call into a dead JVM floods py4j's log with retries
-            return self._crash_and_restart("the JVM process exited")
         try:
-            obs = self._raw_step(action)
-        except Exception as exc:  # py4j errors: the JVM died or the connection broke
-            if not self._engine_dead():
-                raise
-            return self._crash_and_restart(type(exc).__name__)
+            obs = jvm.guarded(self.engine, self._raw_step, action)
+        except jvm.JVMFailure as failure:
+            return self._crash_and_restart(str(failure))
         self._history.append(action)
         error = None
         if obs.startswith(_INVALID_PREFIXES):
@@ -152,52 +210,45 @@ class ScienceWorldTextEnv(TextEnv):
         return StepOutcome(obs, reward=float(self._score - before), terminated=self._completed, error=error)
 
     def _crash_and_restart(self, cause: str) -> StepOutcome:
-        self._restart()
+        """A fresh JVM with the episode replayed; if that fails too, the episode ends as a crash."""
+        self._fresh_engine("step", cause)
+        try:
+            self._call("episode replay", self._replay)
+        except RuntimeError:
+            return StepOutcome("The simulator crashed and could not be restarted; the episode ends here.",
+                               terminated=True,
+                               error=StepError("env_crash", f"ScienceWorld's JVM failed ({cause}) and could not be "
+                                                            "restored; the episode was ended."))
         return StepOutcome(
             "The simulator crashed and was restarted; the world is as it was before your last action. "
             "Try the action again or choose another.",
-            error=StepError("env_crash", f"ScienceWorld's JVM died ({cause}); it was restarted and the episode replayed."),
+            error=StepError("env_crash", f"ScienceWorld's JVM failed ({cause}); it was restarted and the episode replayed."),
         )
 
-    def _jvm_exited(self) -> bool:
-        proc = getattr(getattr(self.engine, "_gateway", None), "java_process", None)
-        return proc is not None and proc.poll() is not None
-
-    def jvm_pid(self) -> int | None:
-        """The simulator's JVM process id (tests kill it to check crash recovery)."""
-        proc = getattr(getattr(self.engine, "_gateway", None), "java_process", None)
-        return None if proc is None else proc.pid
-
-    def _engine_dead(self) -> bool:
-        if self._jvm_exited():
-            return True
-        try:
-            self.engine.server.getScore()
-            return False
-        except Exception:
-            return True
-
-    def _restart(self) -> None:
-        """A fresh JVM, the same variation, and the episode's actions replayed to restore the state."""
-        self.restarts += 1
-        old, self.engine = self.engine, self._new_engine()
-        try:
-            old._gateway.shutdown()
-        except Exception:
-            pass
-        self._loaded = None
+    def _replay(self) -> None:
+        """Reload the episode's variation and replay its actions (the simulator is deterministic); the
+        history is left as it is, so a second attempt after a failed one replays all of it again."""
         self._load(self.task.metadata["variation"])
         self.engine.server.reset()
-        history, self._history = self._history, []
         self._raw_step("look around")
-        for action in history:
+        for action in self._history:
             self._raw_step(action)
-            self._history.append(action)
+
+    def _jvm_exited(self) -> bool:
+        return not jvm.alive(self.engine)
+
+    def jvm_pid(self) -> int | None:
+        """The simulator's JVM process id (tests kill and freeze it to check crash recovery)."""
+        proc = jvm.java_process(self.engine)
+        return None if proc is None else proc.pid
 
     def admissible_actions(self) -> list[str] | None:
         if not self.want_valid_actions:
             return None
-        return list(self.engine.get_valid_action_object_combinations())
+        try:
+            return list(jvm.guarded(self.engine, self.engine.get_valid_action_object_combinations))
+        except jvm.JVMFailure:  # the next step finds the failure and restarts the JVM
+            return None
 
     def progress(self) -> tuple[bool, float]:
         return self._completed and self._score >= 100, float(self._score)
@@ -205,14 +256,14 @@ class ScienceWorldTextEnv(TextEnv):
     def step(self, action: str):
         obs, reward, terminated, truncated, info = super().step(action)
         if self.want_extras:
-            info["look"] = str(self.engine.look())
-            info["inventory"] = str(self.engine.inventory())
+            try:
+                info["look"] = str(jvm.guarded(self.engine, self.engine.look))
+                info["inventory"] = str(jvm.guarded(self.engine, self.engine.inventory))
+            except jvm.JVMFailure:  # the next step finds the failure and restarts the JVM
+                info["look"] = info["inventory"] = ""
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:
         engine, self.engine = getattr(self, "engine", None), None
         if engine is not None:
-            try:
-                engine.close()
-            except Exception:
-                pass
+            jvm.kill(engine)

@@ -19,6 +19,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from environments.bfcl.values import check_data, decode_json, MAX_NESTING, ValueProblem
 from environments.tooluse.tools import close_matches, quote
 
 _TAG_OPEN, _TAG_CLOSE = "<tool_call>", "</tool_call>"
@@ -158,16 +159,22 @@ def parse_call(text: str) -> tuple[str, dict[str, Any]]:
                         f"Use double quotes for keys and strings. {FORMAT_HINT}") from None
     except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
         raise CallError("parse_error", f"invalid JSON value: {exc}. {FORMAT_HINT}") from None
-    except RecursionError:
-        raise CallError("parse_error", f"the JSON is nested too deeply to be a call. {FORMAT_HINT}") from None
+    except (RecursionError, MemoryError):
+        raise CallError("parse_error", f"the JSON is nested too deeply to be a call (at most {MAX_NESTING} "
+                        f"levels). {FORMAT_HINT}") from None
+    try:
+        check_data(obj, "the call", finite=False)  # a non-finite number is the tool's type error (bind)
+    except ValueProblem as exc:
+        raise CallError("parse_error", f"{exc}. {FORMAT_HINT}") from None
     if not isinstance(obj.get("name"), str):
         raise CallError("parse_error", f'the JSON object has no string "name" field. {FORMAT_HINT}')
     arguments = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(arguments, str):  # OpenAI-style: arguments as a JSON-encoded string
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            raise CallError("parse_error", f'"arguments" is a string that is not valid JSON. {FORMAT_HINT}') from None
+            arguments = decode_json(arguments, finite=False) if arguments.strip() else {}
+        except ValueProblem as exc:
+            raise CallError("parse_error", f'"arguments" is a string that is not valid JSON within the bounds '
+                            f"({exc}). {FORMAT_HINT}") from None
     if not isinstance(arguments, dict):
         raise CallError("parse_error", f'"arguments" must be a JSON object mapping argument names to values, '
                         f"got {type(arguments).__name__}. {FORMAT_HINT}")

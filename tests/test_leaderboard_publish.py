@@ -1,0 +1,279 @@
+"""Publishing: provenance, the committed leaderboard, third-party records, and `leaderboard reproduce`."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import agentgym_opd
+from evaluation.leaderboard import Leaderboard
+from evaluation.provenance import env_tasks_sha256, tasks_sha256, weights_sha256
+from evaluation.records import RecordError, validate_record
+from test_leaderboard import make_record
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "leaderboard"
+CLI = [sys.executable, "-m", "agentgym_opd.cli"]
+
+
+def committed_records() -> list[dict]:
+    return Leaderboard(COMMITTED).load_records()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The committed leaderboard
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_committed_page_matches_what_build_makes_from_the_committed_records(tmp_path):
+    out = subprocess.run(CLI + ["leaderboard", "--root", str(COMMITTED), "build", "--check"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    # and --check is a real check: a changed record makes the committed outputs stale
+    copy_root = tmp_path / "lb"
+    shutil.copytree(COMMITTED, copy_root)
+    victim = sorted((copy_root / "records").glob("*.json"))[0]
+    record = json.loads(victim.read_text())
+    record["metrics"]["success_rate"]["mean"] = 0.123456 if record["metrics"]["success_rate"]["mean"] != 0.123456 else 0.5
+    victim.write_text(json.dumps(record))
+    stale = subprocess.run(CLI + ["leaderboard", "--root", str(copy_root), "build", "--check"], capture_output=True, text=True)
+    assert stale.returncode == 1 and "LEADERBOARD.md" in stale.stderr
+
+
+def test_committed_records_carry_provenance_budget_and_episodes():
+    records = committed_records()
+    assert records, "leaderboard/records/ is empty"
+    algos = {r["algorithm"] for r in records}
+    assert {"sft", "grpo", "opd", "sage_opd"} <= algos
+    for r in records:
+        p = r["provenance"]
+        assert p["command"][:2] == ["agentgym-opd", "bench"] or p["command"][:2] == ["agentgym-opd", "eval"]
+        assert len(p["tasks_sha256"]) == 64 and p["weights_sha256"] and p["packages"]["torch"] != "not installed"
+        assert r.get("origin", "original") in ("original", "reproduced")
+    traced = [r for r in records if r.get("episodes") and r["algorithm"] in ("opd", "sage_opd")]
+    assert traced and all(any(t["divergence"] for ep in r["episodes"] for t in ep["turns"]) for r in traced)
+    assert any(t["turn_weight"] is not None for r in traced if r["algorithm"] == "sage_opd"
+               for ep in r["episodes"] for t in ep["turns"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Provenance
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_task_hash_follows_ids_and_content():
+    env = agentgym_opd.make("household/valid_seen")
+    ids = env.task_ids()[:3]
+    tasks = [env.get_task(t) for t in ids]
+    base = tasks_sha256(tasks)
+    assert base == env_tasks_sha256("household/valid_seen", ids)
+    assert tasks_sha256(tasks[::-1]) != base  # order
+    changed = copy.deepcopy(tasks)
+    object.__setattr__(changed[1], "instruction", changed[1].instruction + " ")
+    assert tasks_sha256(changed) != base  # content, not just ids
+
+
+def test_weights_hash_follows_the_weights():
+    import torch
+
+    from agentgym_opd.policy.hf import HFPolicy
+    from agentgym_opd.policy.tiny import default_tiny_model
+
+    policy = HFPolicy.from_pretrained(default_tiny_model())
+    before = weights_sha256(policy)
+    assert before == weights_sha256(policy)
+    with torch.no_grad():
+        next(policy.model.parameters()).view(-1)[0] += 1e-3
+    assert weights_sha256(policy) != before
+
+
+@pytest.mark.parametrize("quick, flags", [
+    (True, []),
+    (True, ["--seeds", "5,", "--lr", "0.001", "--algos", "opd,grpo"]),
+    (False, ["--seeds", "0,1", "--steps", "8", "--env-arg", "num_tasks=6", "--algo-set", "grpo:algo.kl_coef=0.01"]),
+])
+def test_bench_command_rebuilt_from_settings_means_the_same_settings(quick, flags):
+    from agentgym_opd.commands.bench import add_arguments, settings_from_args
+    from evaluation.bench_import import bench_command
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    settings = settings_from_args(parser.parse_args((["--quick"] if quick else []) + flags + ["--output-dir", "/x"]))
+    argv = bench_command(settings.__dict__)
+    assert argv[:2] == ["agentgym-opd", "bench"]
+    again = settings_from_args(parser.parse_args(argv[2:]))
+    assert again.__dict__ == settings.__dict__
+
+
+# ----------------------------------------------------------------------------------------------------
+# Third-party records and reproduction
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_a_plugin_methods_record_is_accepted_and_a_different_protocol_is_marked(tmp_path):
+    board = Leaderboard(tmp_path / "lb")
+    bench_section = {"bench": {"max_new_tokens": 16, "max_turns": 8, "budget_episodes": 64}}
+    board.add(make_record("opd", 0, 0.5, algorithm_config=bench_section))
+    plugin = make_record("my_lab_opd", 0, 0.6, algorithm_config={"lr": 1e-4},
+                         protocol={"temperature": 0.7, "samples": 1, "max_new_tokens": 16, "max_turns": 8,
+                                   "action_parser": "text"},
+                         budget={"rollout_episodes": 64, "tokens": 9000})
+    path = tmp_path / "plugin.json"
+    path.write_text(json.dumps(plugin))
+    out = subprocess.run(CLI + ["leaderboard", "--root", str(tmp_path / "lb"), "add", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    md = (tmp_path / "lb" / "LEADERBOARD.md").read_text()
+    plugin_row = next(line for line in md.splitlines() if line.startswith("| 1 |"))
+    assert "my_lab_opd [max_new_tokens=16 max_turns=8 temperature=0.7] *" in plugin_row and "| 64 | 9000 |" in plugin_row
+    opd_row = next(line for line in md.splitlines() if line.startswith("| 2 |"))
+    assert "| opd |" in opd_row and "*" not in opd_row
+    html = (tmp_path / "lb" / "index.html").read_text()
+    assert '<tr class="differs" data-algorithm="my_lab_opd"' in html and '<tr data-algorithm="opd"' in html
+
+
+def eval_record(tmp_path: Path, command_tail: list[str]) -> dict:
+    """A record written by `agentgym-opd eval`, then stamped with its provenance by `leaderboard stamp`."""
+    out = tmp_path / "rec.json"
+    proc = subprocess.run(CLI + ["eval", *command_tail, "--out", str(out), "--no-progress"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    command = " ".join(["agentgym-opd", "eval", *command_tail])
+    stamp = subprocess.run(CLI + ["leaderboard", "stamp", str(out), "--command", command], capture_output=True, text=True, cwd=tmp_path)
+    assert stamp.returncode == 0, stamp.stderr
+    record = validate_record(json.loads(out.read_text()))
+    assert record["provenance"]["command"] == command.split() and record["origin"] == "original"
+    return record
+
+
+def test_reproduce_reruns_a_cpu_record_and_gets_the_same_numbers(tmp_path):
+    record = eval_record(tmp_path, ["--policy", "random", "--env", "household/valid_seen", "--episodes", "6"])
+    env = agentgym_opd.make("household/valid_seen")
+    from evaluation.runner import select_tasks
+
+    assert record["provenance"]["tasks_sha256"] == tasks_sha256([env.get_task(t) for t in select_tasks(env.task_ids(), 6)])
+    path = tmp_path / "published.json"
+    path.write_text(json.dumps(record))
+    root = tmp_path / "lb"
+    ok = subprocess.run(CLI + ["leaderboard", "--root", str(root), "reproduce", str(path), "--add"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr + ok.stdout
+    assert "same numbers" in ok.stdout and "success_rate" in ok.stdout
+    reproduced = Leaderboard(root).load_records()
+    assert [r["origin"] for r in reproduced] == ["reproduced"]
+    assert reproduced[0]["metrics"] == record["metrics"]
+
+    # a published number that the code does not give back is reported with its distance in standard errors
+    tampered = copy.deepcopy(record)
+    for name in ("mean_turns", "score"):
+        tampered["metrics"][name]["mean"] += 1.0
+        tampered["metrics"][name]["stderr"] = 0.5
+    path.write_text(json.dumps(tampered))
+    bad = subprocess.run(CLI + ["leaderboard", "--root", str(root), "reproduce", str(path)], capture_output=True, text=True)
+    assert bad.returncode == 1 and "numbers differ" in bad.stdout
+    for name in ("mean_turns", "score"):
+        line = next(x for x in bad.stdout.splitlines() if x.startswith(name + " "))
+        se = (0.5 ** 2 + record["metrics"][name]["stderr"] ** 2) ** 0.5
+        assert float(line.split()[-1]) == pytest.approx(-1.0 / se, abs=0.01), line
+
+
+def test_reproduce_runs_only_the_projects_own_commands(tmp_path):
+    record = make_record(provenance={"packages": {"python": "3"}, "tasks_sha256": "0" * 64, "chat_template_sha256": None,
+                                     "weights_sha256": None, "command": ["sh", "-c", "touch pwned"], "seeds": [0],
+                                     "device": "cpu"})
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(record))
+    out = subprocess.run(CLI + ["leaderboard", "--root", str(tmp_path / "lb"), "reproduce", str(path)],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 2 and "no reproducible command" in out.stderr and not (tmp_path / "pwned").exists()
+    with pytest.raises(RecordError, match="provenance"):
+        validate_record({**record, "provenance": {**record["provenance"], "command": ["agentgym-opd", "eval\n"]}})
+
+
+@pytest.mark.slow
+def test_reproduce_one_committed_bench_record_gives_the_same_number(tmp_path):
+    """The issue's must-show: a committed bench record (grpo, held-out split) rerun on CPU, same numbers."""
+    record = next(r for r in committed_records() if r["algorithm"] == "grpo" and r["split"] == "valid_unseen")
+    path = tmp_path / "grpo.json"
+    path.write_text(json.dumps(record))
+    out = subprocess.run(CLI + ["leaderboard", "--root", str(tmp_path / "lb"), "reproduce", str(path)],
+                         capture_output=True, text=True, timeout=1500)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert "same numbers" in out.stdout
+
+
+def test_stamp_hashes_the_evaluated_models_weights_and_chat_template(tmp_path):
+    from agentgym_opd.policy.hf import HFPolicy
+    from agentgym_opd.policy.tiny import default_tiny_model
+    from evaluation.provenance import chat_template_sha256
+
+    record = eval_record(tmp_path, ["--policy", "tiny", "--env", "household/valid_seen", "--episodes", "1",
+                                    "--max-new-tokens", "4", "--max-turns", "1", "--device", "cpu"])
+    tiny = HFPolicy.from_pretrained(default_tiny_model())
+    assert record["provenance"]["weights_sha256"] == weights_sha256(tiny)
+    assert record["provenance"]["chat_template_sha256"] == chat_template_sha256(tiny) is not None
+    assert record["provenance"]["device"] == "cpu" and record["provenance"]["seeds"] == [0]
+    wrong = subprocess.run(CLI + ["leaderboard", "stamp", str(tmp_path / "rec.json"), "--command",
+                                  "agentgym-opd eval --policy tiny --env household/valid_unseen"],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert wrong.returncode == 2 and "not the command that wrote it" in wrong.stderr
+
+
+PLUGIN = '''"""MyOPD: OPD whose per-token signal is the Jensen-Shannon divergence (a third-party plugin method)."""
+from dataclasses import dataclass
+
+from agentgym_opd.config import constrained
+from algorithms.opd import OPD, OPDConfig
+
+
+@dataclass
+class MyOPDConfig(OPDConfig):
+    divergence: str = constrained("jsd", choices=("reverse_kl", "forward_kl", "jsd"), help="per-token divergence")
+
+
+class MyOPD(OPD):
+    Config = MyOPDConfig
+'''
+
+
+@pytest.mark.slow
+def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
+    """The README's "Publish a result", step by step: a plugin package (found through its entry point, as an
+    installed distribution is), train, eval, stamp, add next to the bench's rows, build, reproduce."""
+    import os
+
+    site = tmp_path / "site"
+    (site / "my_lab").mkdir(parents=True)
+    (site / "my_lab" / "__init__.py").write_text("")
+    (site / "my_lab" / "method.py").write_text(PLUGIN)
+    dist = site / "my_lab-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-lab\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[agentgym_opd.algorithms]\nmy_opd = my_lab.method:MyOPD\n")
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{site}"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        out = subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900)
+        assert out.returncode == 0, (args, out.stderr[-2000:])
+        return out
+
+    cli("train", "--algo", "my_opd", "--env", "household/train", "--student", "tiny", "--teacher", "tiny",
+        "--env-arg", "num_tasks=2", "--output-dir", "runs/my_opd", "--no-progress",
+        "train.steps=2", "rollout.tasks_per_step=2", "rollout.max_turns=4", "rollout.max_new_tokens=8")
+    command = ["eval", "--policy", "runs/my_opd", "--env", "household/valid_unseen", "--episodes", "4",
+               "--max-new-tokens", "16", "--max-turns", "8", "--device", "cpu", "--no-progress"]
+    cli(*command, "--out", "rec.json")
+    cli("leaderboard", "stamp", "rec.json", "--command", " ".join(["agentgym-opd", *command]))
+    shutil.copytree(COMMITTED, tmp_path / "lb")
+    cli("leaderboard", "--root", "lb", "add", "rec.json")
+    record = json.loads((tmp_path / "rec.json").read_text())
+    assert record["algorithm"] == "my_opd" and record["budget"]["rollout_episodes"] == 4  # 2 steps x 2 tasks
+    md = (tmp_path / "lb" / "LEADERBOARD.md").read_text()
+    row = next(line for line in md.splitlines() if "| my_opd [" in line and line.startswith("| ") and line[2].isdigit())
+    assert " * " not in row  # greedy, 16 tokens, 8 turns, text parser: the bench's protocol, so not marked
+    assert "my_opd" in (tmp_path / "lb" / "index.html").read_text()
+    again = cli("leaderboard", "reproduce", "rec.json")
+    assert "same numbers" in again.stdout
