@@ -119,3 +119,14 @@ def test_engine_plays_the_same_episodes_over_the_ray_executors_envs(policy):
         assert a.input_ids == b.input_ids
         assert [t.observation for t in a.turns] == [t.observation for t in b.turns]
         assert a.metadata["max_turns"] == 3
+
+
+def test_a_row_joining_a_running_session_samples_like_a_fresh_prompt(policy):
+    """A key the session has not seen gets zero-filled cache rows next to the running ones."""
+    prompts = [policy.apply_chat_template([{"role": "user", "content": text}]) for text in ("look", "open fridge 1")]
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+    session = policy.session()
+    first = session.generate([0], prompts[:1], params, seeds=[1])[0]
+    joined = session.generate([0, 1], [prompts[0] + first.token_ids + [5], prompts[1]], params, seeds=[2, 3])
+    fresh = policy.generate([prompts[0] + first.token_ids + [5], prompts[1]], params, seeds=[2, 3])
+    assert [g.token_ids for g in joined] == [g.token_ids for g in fresh]
