@@ -30,7 +30,10 @@ import torch
 from agentgym_opd.algorithm import (Algorithm, BatchState, LossTerm, Step, agent_mask, sequence_logits,
                                     weighted_sum)
 from agentgym_opd.config import constrained
-from agentgym_opd.losses import full_vocab_divergence, sampled_token_surrogate, token_logprobs, topm_distillation
+from agentgym_opd.losses import (TopM, aggregate_token_loss, full_vocab_divergence, sampled_token_surrogate,
+                                 token_logprobs, topm_distillation, topm_divergence)
+from agentgym_opd.profiling import phase
+from agentgym_opd.policy.hf import chunk_positions, chunked_over_positions, final_hidden_states, output_logits
 from agentgym_opd.rollout import RolloutBatch
 from agentgym_opd.types import Episode, Task
 
@@ -123,19 +126,80 @@ def teacher_inputs(batch: RolloutBatch, rows: slice, prefixes: Sequence[list[int
     return TeacherInputs(input_ids, attention, torch.tensor(offsets, dtype=torch.long))
 
 
-def aligned_teacher_logits(model: Any, inputs: TeacherInputs, width: int) -> torch.Tensor:
-    """Teacher next-token logits in the student's shifted coordinates: ``[b, width - 1, V]``.
+def _aligned_index(inputs: TeacherInputs, width: int, length: int, device: torch.device) -> torch.Tensor:
+    """Teacher position of each student position 0..width-2 (clamped; prompt positions carry mask 0)."""
+    index = torch.arange(width - 1, device=device)[None, :] + inputs.offsets.to(device)[:, None]
+    return index.clamp(0, length - 1)
 
-    Student position t (predicting student id t+1) maps to teacher position t + offset. Positions inside
-    the student's prompt map to clamped indices; they carry mask 0 and are never used.
+
+@dataclass
+class AlignedTeacher:
+    """A teacher's final hidden states in the student's shifted coordinates, and the network that owns them.
+
+    ``hidden [b, width - 1, H]`` (no gradient): position t is the teacher's state for predicting student id
+    t+1. Logits are made from it a chunk of positions at a time (:func:`chunked_distillation_terms`), so the
+    teacher's ``[b, T, V]`` never exists: ``H`` numbers per position instead of ``V``.
     """
+
+    hidden: torch.Tensor
+    network: Any
+
+    def logits(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """float32 teacher logits of positions ``start:end`` (the final norm is already in ``hidden``)."""
+        with torch.no_grad():
+            return output_logits(self.network, self.hidden[:, start:end])
+
+
+def aligned_teacher_hidden(model: Any, inputs: TeacherInputs, width: int) -> AlignedTeacher:
+    """Run the teacher's body once over ``P_t + R`` and keep its final hidden states at the student's positions."""
     device = next(model.parameters()).device
     with torch.no_grad():
-        logits = model(input_ids=inputs.input_ids.to(device), attention_mask=inputs.attention_mask.to(device),
-                       use_cache=False).logits.float()
-    index = torch.arange(width - 1, device=device)[None, :] + inputs.offsets.to(device)[:, None]
-    index = index.clamp(0, logits.shape[1] - 1)
-    return logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
+        hidden = final_hidden_states(model, inputs.input_ids.to(device), inputs.attention_mask.to(device))
+        index = _aligned_index(inputs, width, hidden.shape[1], device)
+        hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+    return AlignedTeacher(hidden, model)
+
+
+def aligned_teacher_logits(model: Any, inputs: TeacherInputs, width: int) -> torch.Tensor:
+    """Teacher next-token logits in the student's shifted coordinates: ``[b, width - 1, V]``, float32.
+
+    Student position t (predicting student id t+1) maps to teacher position t + offset. Positions inside
+    the student's prompt map to clamped indices; they carry mask 0 and are never used. For losses that
+    read the whole teacher distribution at once; :func:`aligned_teacher_hidden` is the chunked form
+    (the ``lm_head`` runs only on the aligned positions here too, and only one ``[b, T, V]`` is made).
+    """
+    return aligned_teacher_hidden(model, inputs, width).logits()
+
+
+def aligned_teacher_scores(teacher: Any, inputs: TeacherInputs, width: int, top_m: int) -> tuple[torch.Tensor, TopM | None]:
+    """A scoring-only teacher (any `Policy.score`, e.g. a served vLLM teacher) in the student's coordinates.
+
+    Returns ``(logp [b, width - 1], TopM [b, width - 1, M] or None)``: the teacher's log-prob of each student
+    id and its own top-M with the tail, at every student position (zeros where the position is in the
+    student's prompt; those carry mask 0). This is all a teacher outside the process can ship, so losses
+    that need the full vocabulary or the student's support are refused by :func:`scored_distillation_terms`.
+    """
+    rows = inputs.input_ids.shape[0]
+    seqs = [inputs.input_ids[r, : int(inputs.attention_mask[r].sum())].tolist() for r in range(rows)]
+    scores = teacher.score([s[:1] for s in seqs], [s[1:] for s in seqs], top_m=top_m)
+    logp = torch.zeros((rows, width - 1))
+    ids = torch.zeros((rows, width - 1, max(top_m, 1)), dtype=torch.long)
+    top = torch.full((rows, width - 1, max(top_m, 1)), -1e4)
+    tail = torch.zeros((rows, width - 1))
+    for r, sc in enumerate(scores):
+        offset = int(inputs.offsets[r])
+        # teacher score index j is teacher position j (predicting teacher id j+1) = student position j - offset
+        j0 = max(offset, 0)
+        count = min(sc.logprobs.shape[0] - j0, width - 1 - (j0 - offset))
+        if count <= 0:
+            continue
+        dst = slice(j0 - offset, j0 - offset + count)
+        logp[r, dst] = sc.logprobs[j0: j0 + count].float().cpu()
+        if top_m > 0:
+            ids[r, dst] = sc.top_ids[j0: j0 + count].cpu()
+            top[r, dst] = sc.top_logprobs[j0: j0 + count].float().cpu()
+            tail[r, dst] = sc.tail_logprob[j0: j0 + count].float().cpu()
+    return logp, (TopM(ids, top, tail) if top_m > 0 else None)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -184,6 +248,85 @@ def reverse_kl_per_token(student_logits: torch.Tensor, teacher_logits: torch.Ten
         return full_vocab_divergence(student_logits.detach(), teacher_logits, mask, "reverse_kl")
 
 
+@dataclass
+class DistillTerms:
+    """Per-token results of one micro-batch ``[b, T]``: the loss, the mask it is taken under, the exact
+    reverse KL (the ``kl`` every method logs; detached) and the student's log-prob of each sampled id."""
+
+    per_token: torch.Tensor
+    mask: torch.Tensor
+    kl: torch.Tensor
+    student_logp: torch.Tensor
+
+
+def chunked_distillation_terms(student_model: Any, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor,
+                               teacher: AlignedTeacher, config: DistillConfig, chunk: int | None = None) -> DistillTerms:
+    """:func:`distillation_per_token` and the exact KL, computed a chunk of positions at a time.
+
+    The student's body runs once (with gradient); then, per chunk, both final norms' outputs go through
+    their ``lm_head`` and the per-token divergence is taken. Every per-token quantity depends on its own
+    position only, so the result equals the whole-sequence computation; but only one chunk's
+    vocabulary-sized tensors exist at any time, in the forward and (the chunk is recomputed during
+    backward, see :func:`agentgym_opd.policy.hf.chunked_over_positions`) in the backward too. ``ids``/``attention`` ``[b, W]``,
+    ``mask`` ``[b, W - 1]`` (already zero on masked rows).
+    """
+    hidden = final_hidden_states(student_model, ids, attention)[:, :-1]
+    targets = ids[:, 1:]
+    vocab = student_model.get_output_embeddings().weight.shape[0]
+    step = chunk or chunk_positions(ids.shape[0], vocab)
+
+    def one_chunk(h: torch.Tensor, start: int, end: int):
+        student_logits = output_logits(student_model, h)
+        teacher_logits = teacher.logits(start, end)
+        target, m = targets[:, start:end], mask[:, start:end]
+        per_token = distillation_per_token(student_logits, teacher_logits, target, m, config)
+        kl = reverse_kl_per_token(student_logits, teacher_logits, m)
+        return per_token, kl, token_logprobs(student_logits, target)
+
+    per_token, kl, student_logp = chunked_over_positions(student_model, hidden, one_chunk, step)
+    return DistillTerms(per_token, mask, kl.detach(), student_logp)
+
+
+def scored_distillation_terms(student_model: Any, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor,
+                              teacher_logp: torch.Tensor, teacher_topm: TopM | None, config: DistillConfig,
+                              chunk: int | None = None) -> DistillTerms:
+    """The same terms against a scoring-only teacher (:func:`aligned_teacher_scores`): its top-M + tail, or
+    its log-probs of the sampled ids. ``kl`` is then the top-M + tail estimate of the reverse KL (the exact
+    one needs the teacher's full distribution, which such a teacher does not ship)."""
+    if config.estimator != "sampled" and (config.top_m == 0 or config.top_m_support != "teacher"):
+        raise ValueError("a scoring-only teacher (e.g. model.teacher_backend=vllm) ships its own top-M and the "
+                         "sampled ids' log-probs only: use algo.top_m>0 with algo.top_m_support=teacher, or "
+                         "algo.estimator=sampled")
+    hidden = final_hidden_states(student_model, ids, attention)[:, :-1]
+    targets = ids[:, 1:]
+    device = hidden.device
+    teacher_logp = teacher_logp.to(device)
+    record = None if teacher_topm is None else TopM(teacher_topm.ids.to(device), teacher_topm.logprobs.to(device),
+                                                    teacher_topm.tail.to(device))
+    vocab = student_model.get_output_embeddings().weight.shape[0]
+    step = chunk or chunk_positions(ids.shape[0], vocab)
+
+    def one_chunk(h: torch.Tensor, start: int, end: int):
+        student_logits = output_logits(student_model, h)
+        target, m = targets[:, start:end], mask[:, start:end]
+        student_logp = token_logprobs(student_logits, target)
+        if record is None:
+            kl = (student_logp.detach() - teacher_logp[:, start:end]) * m  # sampled estimate of the reverse KL
+            per_token = sampled_token_surrogate(student_logp, teacher_logp[:, start:end], m, clip=config.clip)
+            return per_token, kl, student_logp
+        part = TopM(record.ids[:, start:end], record.logprobs[:, start:end], record.tail[:, start:end])
+        if config.estimator == "sampled":
+            per_token = sampled_token_surrogate(student_logp, teacher_logp[:, start:end], m, clip=config.clip)
+        else:
+            per_token = topm_divergence(student_logits, part, m, config.divergence, tail=config.tail,  # type: ignore[arg-type]
+                                        beta=config.jsd_beta, clip=config.clip)
+        kl = topm_divergence(student_logits.detach(), part, m, "reverse_kl", tail=True)
+        return per_token, kl, student_logp
+
+    per_token, kl, student_logp = chunked_over_positions(student_model, hidden, one_chunk, step)
+    return DistillTerms(per_token, mask, kl.detach(), student_logp)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Self-teachers
 # ----------------------------------------------------------------------------------------------------
@@ -218,6 +361,25 @@ class SelfTeacher:
         network.eval()
         try:
             return aligned_teacher_logits(network, inputs, width)
+        finally:
+            network.train(was_training)
+
+    def hidden(self, inputs: TeacherInputs, width: int) -> AlignedTeacher:
+        """:meth:`logits` in chunked form (final hidden states; logits made per chunk by the loss).
+
+        The heads read ``hidden`` later, outside any adapter context: correct because LoRA adapts the
+        body's projections, never ``lm_head``; and ``AlignedTeacher.logits`` runs without gradient, so a
+        live teacher sharing the student's ``lm_head`` passes no gradient through it."""
+        network = getattr(self.student, "model", self.student)
+        if self.copy is not None:
+            return aligned_teacher_hidden(self.copy, inputs, width)
+        if self.use_adapter_off:
+            with self.student.adapter_disabled():
+                return aligned_teacher_hidden(network, inputs, width)
+        was_training = network.training
+        network.eval()
+        try:
+            return aligned_teacher_hidden(network, inputs, width)
         finally:
             network.train(was_training)
 
@@ -278,6 +440,17 @@ class DistillationAlgorithm(Algorithm):
     def teacher_logits(self, inputs: TeacherInputs, width: int) -> torch.Tensor:
         raise NotImplementedError
 
+    def teacher_hidden(self, inputs: TeacherInputs, width: int) -> AlignedTeacher | None:
+        """The teacher in chunked form (see :class:`AlignedTeacher`), or None where the teacher is only
+        available as full logits (then :meth:`teacher_logits` is used). A separate in-process teacher and
+        the self-teachers return it; :meth:`compute_loss` then never holds ``[b, T, V]``."""
+        return None
+
+    def teacher_scorer(self) -> Any:
+        """A scoring-only teacher (any `Policy.score`, e.g. a served vLLM teacher), or None. Used when
+        :meth:`teacher_hidden` gives nothing: the loss then runs on the teacher's top-M + tail."""
+        return None
+
     @property
     def teacher_policy(self) -> Any:
         """Whose chat template renders the teacher's prefix (the student's, for a self-teacher)."""
@@ -305,17 +478,44 @@ class DistillationAlgorithm(Algorithm):
         """``(per_token_loss, mask, student_logits, teacher_logits, student_logp)`` for ``rows``; masked rows zeroed."""
         student_logits, student_logp, mask = sequence_logits(self.model, batch, rows)
         width = student_logits.shape[1] + 1
-        teacher_logits = self.teacher_logits(self.teacher_view(batch, rows, state), width)
+        with phase("teacher"):
+            teacher_logits = self.teacher_logits(self.teacher_view(batch, rows, state), width)
         mask = mask * self.kept_rows(state)[rows].to(mask.device)[:, None]
         targets = batch.input_ids[rows][:, 1:width].to(student_logits.device)
         per_token = distillation_per_token(student_logits, teacher_logits, targets, mask, self.config)
         return per_token, mask, student_logits, teacher_logits, student_logp
 
+    def chunked_terms(self, batch: RolloutBatch, rows: slice, state: DistillState) -> DistillTerms | None:
+        """The per-token terms without any ``[b, T, V]`` (chunked; see :func:`chunked_distillation_terms`),
+        or None when the teacher offers neither hidden states nor scores (then the full-logit path runs)."""
+        device = next(self.model.parameters()).device
+        attention = batch.attention_mask[rows]
+        width = int(attention.sum(dim=1).max())
+        ids, attention = batch.input_ids[rows][:, :width].to(device), attention[:, :width].to(device)
+        with phase("teacher"):
+            inputs = self.teacher_view(batch, rows, state)
+            teacher = self.teacher_hidden(inputs, width)
+            scorer = self.teacher_scorer() if teacher is None else None
+            if scorer is not None:
+                logp, topm = aligned_teacher_scores(scorer, inputs, width,
+                                                    self.config.top_m if self.config.estimator != "sampled" else 0)
+        keep = self.kept_rows(state)[rows].to(device)
+        mask = batch.loss_mask[rows][:, 1:width].to(device).float() * keep[:, None]
+        if teacher is not None:
+            return chunked_distillation_terms(self.model, ids, attention, mask, teacher, self.config)
+        if scorer is None:
+            return None
+        return scored_distillation_terms(self.model, ids, attention, mask, logp, topm, self.config)
+
     def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: DistillState,
                      step: Step) -> tuple[torch.Tensor, dict[str, float]]:
-        per_token, mask, student_logits, teacher_logits, _ = self.distillation_terms(batch, rows, state)
-        loss = weighted_sum(per_token, coef["distill"])
-        return loss, distill_metrics(loss, student_logits, teacher_logits, mask, coef["distill"])
+        terms = self.chunked_terms(batch, rows, state)
+        if terms is None:
+            per_token, mask, student_logits, teacher_logits, _ = self.distillation_terms(batch, rows, state)
+            loss = weighted_sum(per_token, coef["distill"])
+            return loss, distill_metrics(loss, student_logits, teacher_logits, mask, coef["distill"])
+        loss = weighted_sum(terms.per_token, coef["distill"])
+        return loss, {"distill_loss": float(loss.detach()), "kl": float(weighted_sum(terms.kl, coef["distill"]))}
 
 
 def distill_metrics(loss: torch.Tensor, student_logits: torch.Tensor, teacher_logits: torch.Tensor,

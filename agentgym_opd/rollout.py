@@ -1,5 +1,10 @@
 """The multi-turn rollout engine: N envs in parallel, one batched `generate` per turn.
 
+KV reuse across turns: with a backend that offers `session()` (HF), each episode keeps its KV cache for
+the whole episode, so a turn encodes only the observation suffix and decodes the new action; a finished
+episode's cache rows are released at once. A backend without sessions (vLLM) gets the whole sequence
+each turn and reuses the history through its prefix cache (`enable_prefix_caching`).
+
 Token bookkeeping is incremental. An episode's ids are the first prompt (chat template of system + first
 observation + assistant header), then per turn the sampled ids exactly as sampled (never re-tokenised,
 so a teacher can score the student's very tokens), then the template text that closes the assistant
@@ -30,7 +35,7 @@ import torch
 
 from agentgym_opd.action_parsing import ActionParser, get_parser
 from agentgym_opd.core import TextEnv
-from agentgym_opd.policy.base import Policy, SamplingParams
+from agentgym_opd.policy.base import DecodeSession, Policy, SamplingParams
 from agentgym_opd.policy.chat import turn_suffix_text
 from agentgym_opd.types import Episode, StepError, Turn
 from agentgym_opd.vector import VectorTextEnv
@@ -103,7 +108,9 @@ class RolloutEngine:
     ) -> RolloutBatch:
         """Run G rollouts for each task (task ids via `tasks`, or env-chosen tasks via `reset_seeds`).
 
-        `envs` is an env id (envs are made here) or a list of len(tasks) * G envs to use. `contexts` (one per
+        `envs` is an env id (envs are made here), a list of len(tasks) * G envs to use, or a vector env of
+        that size from either executor (`agentgym_opd.executors.make_vector_env(..., executor="ray")`: the
+        envs step in Ray actors while the policy samples here). `contexts` (one per
         task, or None) is extra text appended to the first user message, e.g. privileged context for a
         warm start that teaches a network to read it; see `agentgym_opd.distill.with_context`.
         """
@@ -115,7 +122,12 @@ class RolloutEngine:
         n = len(keys) * group_size
         if n == 0:
             raise ValueError("collect: no tasks given")
-        vec = VectorTextEnv.make(envs, n, **env_overrides) if isinstance(envs, str) else VectorTextEnv(list(envs))
+        if isinstance(envs, str):
+            vec = VectorTextEnv.make(envs, n, **env_overrides)
+        elif callable(getattr(envs, "step", None)) and hasattr(envs, "num_envs"):
+            vec = envs  # a vector env of either executor: VectorTextEnv, or RayVectorTextEnv's actors
+        else:
+            vec = VectorTextEnv(list(envs))
         if vec.num_envs != n:
             raise ValueError(f"collect: {len(keys)} tasks x group_size {group_size} needs {n} envs, got {vec.num_envs}")
         groups = [i for i in range(len(keys)) for _ in range(group_size)]
@@ -125,27 +137,47 @@ class RolloutEngine:
             resets = vec.reset(seeds=[int(keys[g]) for g in groups])
         if contexts is not None and len(contexts) != len(keys):
             raise ValueError(f"collect: {len(contexts)} contexts for {len(keys)} tasks")
-        lives = [self._start(k, seed + k, obs, info, groups[k], vec.envs[k],
+        lives = [self._start(k, seed + k, obs, info, groups[k], self._turn_limit(vec, k),
                              contexts[groups[k]] if contexts is not None else None)
                  for k, (obs, info) in enumerate(resets)]
+        session = self.policy.session() if callable(getattr(self.policy, "session", None)) else None
         turn = 0
         while True:
             running = [lv for lv in lives if not lv.done]
             if not running:
                 break
-            self._play_turn(vec, running, turn)
+            self._play_turn(vec, running, turn, session)
+            if session is not None:
+                session.release([lv.env_index for lv in running if lv.done])
             turn += 1
         return self._batch(lives)
 
     # ------------------------------------------------------------------ internals
-    def _start(self, k: int, rollout_seed: int, obs: str, info: dict, group: int, env: TextEnv,
+    @staticmethod
+    def _turn_limit(vec: Any, k: int) -> int:
+        """Env k's `max_turns`: read off the env in this process, or, for envs living in Ray actors, off a
+        local copy built once per recipe (`EnvSpec`) just to read it."""
+        if hasattr(vec, "envs"):
+            return int(vec.envs[k].max_turns)
+        spec = vec.specs[k]
+        cache = vec.__dict__.setdefault("_turn_limits", {})
+        key = (spec.describe(), repr(sorted(spec.kwargs.items())))
+        if key not in cache:
+            env = spec.build()
+            try:
+                cache[key] = int(env.max_turns)
+            finally:
+                env.close()
+        return cache[key]
+
+    def _start(self, k: int, rollout_seed: int, obs: str, info: dict, group: int, max_turns: int,
                context: str | None = None) -> _Live:
         messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
         messages.append({"role": "user", "content": obs if not context else f"{obs}\n\n{context}"})
         ids = self.policy.apply_chat_template(messages, add_generation_prompt=True)
         episode = Episode(task=info["task"], initial_observation=obs,
                           metadata={"rollout_seed": rollout_seed, "group": group, "context_truncated": False,
-                                    "max_turns": env.max_turns, "prompt_length": len(ids),
+                                    "max_turns": max_turns, "prompt_length": len(ids),
                                     "first_prompt": [dict(m) for m in messages]})
         live = _Live(episode, k, rollout_seed, messages, list(ids), [0] * len(ids), [-1] * len(ids), [0.0] * len(ids))
         if len(ids) + self.sampling.max_new_tokens > self.max_context_tokens:
@@ -153,9 +185,13 @@ class RolloutEngine:
             episode.metadata["context_truncated"] = True
         return live
 
-    def _play_turn(self, vec: VectorTextEnv, running: list[_Live], turn: int) -> None:
+    def _play_turn(self, vec: VectorTextEnv, running: list[_Live], turn: int, session: DecodeSession | None) -> None:
         seeds = [lv.seed * 1_000_003 + turn for lv in running]
-        gens = self.policy.generate([lv.ids for lv in running], self.sampling, seeds=seeds)  # type: ignore[call-arg]
+        if session is not None:  # each episode's KV cache is kept: only the new observation is encoded
+            gens = session.generate([lv.env_index for lv in running], [lv.ids for lv in running], self.sampling,
+                                    seeds=seeds)
+        else:  # a backend without sessions (vLLM): whole sequences, its prefix cache reuses the history
+            gens = self.policy.generate([lv.ids for lv in running], self.sampling, seeds=seeds)  # type: ignore[call-arg]
         actions: list[str | None] = [None] * vec.num_envs
         parsed: dict[int, tuple[str | None, StepError | None]] = {}
         for lv, gen in zip(running, gens):

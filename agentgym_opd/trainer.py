@@ -39,6 +39,7 @@ from tqdm import tqdm
 from agentgym_opd.algorithm import Algorithm
 from agentgym_opd.config import RunConfig, save_config
 from agentgym_opd.policy.base import SamplingParams
+from agentgym_opd.profiling import PhaseMeter, metering
 from agentgym_opd import distributed as D
 from agentgym_opd.registry import algorithm_registry, load_entry_point, make
 from agentgym_opd.rollout import RolloutBatch, RolloutEngine
@@ -228,15 +229,19 @@ class Trainer:
         tasks = [self.task_rng.choice(self.task_ids) for _ in range(r.tasks_per_step)]  # the same on every rank
         local, first_row = D.shard_tasks(tasks, self.dist, self.group_size)  # this rank's share (all of it alone)
         rollout_seed = self.config.seed * 1_000_000_007 + self.step * r.tasks_per_step * self.group_size + first_row
-        started = time.perf_counter()
-        batch = self.algorithm.collect(self.engine, self.envs[: len(local) * self.group_size], local,
-                                       group_size=self.group_size, seed=rollout_seed)
-        rollout_s = time.perf_counter() - started
-        started = time.perf_counter()
-        metrics = self.algorithm.update(batch)  # exact global-batch step across ranks (Algorithm.update)
-        self.scheduler.step()
-        self._sync_rollout_copy()
-        update_s = time.perf_counter() - started
+        meter = PhaseMeter(resolve_device(self.config.model.device))  # seconds and peak memory of rollout / teacher scoring / update
+        with metering(meter):
+            started = time.perf_counter()
+            with meter.phase("rollout"):
+                batch = self.algorithm.collect(self.engine, self.envs[: len(local) * self.group_size], local,
+                                               group_size=self.group_size, seed=rollout_seed)
+            rollout_s = time.perf_counter() - started
+            started = time.perf_counter()
+            with meter.phase("update"):  # teacher scoring inside it is metered as its own phase
+                metrics = self.algorithm.update(batch)  # exact global-batch step across ranks (Algorithm.update)
+                self.scheduler.step()
+                self._sync_rollout_copy()
+            update_s = time.perf_counter() - started
         self.step += 1
         stats = D.all_reduce_mean(batch_metrics(batch), self.dist)
         for count in ("agent_tokens", "tokens"):  # global batch totals, not per-rank means
@@ -244,7 +249,7 @@ class Trainer:
         record = {"step": self.step, **metrics, **stats, "lr": self.scheduler.get_last_lr()[0],
                   "rollout_s": rollout_s, "update_s": update_s,
                   "rollout_tokens_per_s": stats["agent_tokens"] / max(rollout_s, 1e-9),
-                  "train_tokens_per_s": stats["tokens"] / max(update_s, 1e-9)}
+                  "train_tokens_per_s": stats["tokens"] / max(update_s, 1e-9), **meter.record()}
         if self.dist.enabled:
             record.update({"world_size": self.dist.world_size, "strategy": self.config.train.strategy})
         every = self.config.eval.every

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from agentgym_opd.distill import DistillConfig, DistillationAlgorithm, TeacherInputs, aligned_teacher_logits
+from agentgym_opd.distill import (AlignedTeacher, DistillConfig, DistillationAlgorithm, TeacherInputs,
+                                  aligned_teacher_hidden, aligned_teacher_logits)
 from agentgym_opd.rollout import RolloutBatch
 
 
@@ -38,6 +39,8 @@ def check_same_tokenizer(student: Any, teacher: Any) -> None:
         raise ValueError(f"teacher and student tokenizers differ ({len(s_vocab)} vs {len(t_vocab)} tokens, "
                          f"{differ} entries differ): on-policy distillation re-scores the student's token ids, "
                          "so pick a teacher of the same model family (same tokenizer)")
+    if not hasattr(teacher, "model"):  # a served teacher ships log-probs by id: the tokenizer check suffices
+        return
     s_out = student.model.get_output_embeddings().weight.shape[0]
     t_out = teacher.model.get_output_embeddings().weight.shape[0]
     if s_out != t_out:
@@ -54,10 +57,17 @@ class OPD(DistillationAlgorithm):
     def __init__(self, config: Any, student: Any, teacher: Any = None, **kwargs: Any):
         super().__init__(config, student, teacher, **kwargs)
         check_same_tokenizer(student, teacher)
-        self.teacher.model.eval().requires_grad_(False)
+        if hasattr(self.teacher, "model"):  # in process; else a served teacher (model.teacher_backend=vllm)
+            self.teacher.model.eval().requires_grad_(False)
 
     def teacher_context(self, batch: RolloutBatch, row: int) -> str | None:
         return ""  # the same history, nothing more: the teacher is better by itself
 
     def teacher_logits(self, inputs: TeacherInputs, width: int) -> torch.Tensor:
         return aligned_teacher_logits(self.teacher.model, inputs, width)
+
+    def teacher_hidden(self, inputs: TeacherInputs, width: int) -> AlignedTeacher | None:
+        return aligned_teacher_hidden(self.teacher.model, inputs, width) if hasattr(self.teacher, "model") else None
+
+    def teacher_scorer(self) -> Any:
+        return None if hasattr(self.teacher, "model") else self.teacher  # a served teacher: its `score`

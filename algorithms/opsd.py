@@ -23,7 +23,8 @@ import torch
 
 from agentgym_opd.algorithm import Step
 from agentgym_opd.config import constrained
-from agentgym_opd.distill import DistillConfig, DistillationAlgorithm, SelfTeacher, TeacherInputs, privileged_text
+from agentgym_opd.distill import (AlignedTeacher, DistillConfig, DistillationAlgorithm, SelfTeacher, TeacherInputs,
+                                  privileged_text)
 from agentgym_opd.rollout import RolloutBatch
 
 
@@ -49,6 +50,9 @@ class OPSD(DistillationAlgorithm):
 
     def teacher_logits(self, inputs: TeacherInputs, width: int) -> torch.Tensor:
         return self.self_teacher.logits(inputs, width)
+
+    def teacher_hidden(self, inputs: TeacherInputs, width: int) -> AlignedTeacher | None:
+        return self.self_teacher.hidden(inputs, width)
 
     def after_update(self, metrics: dict[str, float], step: Step) -> None:
         self.self_teacher.after_update()

@@ -8,6 +8,9 @@ step (warm-up), with each algorithm's ratio to SFT's train tokens/s. An algorith
 the tiny model as its teacher (the cost is what is measured, not the teacher's quality); one needing groups
 gets ``group_size=2``. An algorithm that fails is listed with its error, not dropped.
 
+It then prints each algorithm's step-time breakdown: seconds and share of rollout, teacher scoring and
+update per step, and each phase's peak memory (the ``time/*`` and ``mem/*`` fields every step logs).
+
 Part 2 runs ``benchmarks/bench_losses.py`` (each configuration in its own subprocess, peak RSS) for a
 151,936-token vocabulary (Qwen's) and prints its table: peak memory of the top-M + tail reverse KL
 against the full-vocabulary reverse KL, as ratios.
@@ -54,6 +57,9 @@ def run_algorithm(name: str, steps: int, out: Path, *, tasks_per_step: int, max_
     return {"rollout_tps": statistics.mean(r["rollout_tokens_per_s"] for r in timed),
             "train_tps": statistics.mean(r["train_tokens_per_s"] for r in timed),
             "update_s": statistics.mean(r["update_s"] for r in timed), "wall_s": wall,
+            "phases": {phase: (statistics.mean(r.get(f"time/{phase}_s", 0.0) for r in timed),
+                               max((r.get(f"mem/{phase}_peak_mb", float("nan")) for r in timed), default=float("nan")))
+                       for phase in ("rollout", "teacher", "update")},
             "episodes": sum(1 for _ in rows) * tasks_per_step * overrides["rollout.group_size"]}
 
 
@@ -79,6 +85,21 @@ def throughput_table(names: list[str], steps: int, **budget: int) -> None:
             continue
         ratio = f"{r['train_tps'] / base_tps:.2f}" if base_tps else "n/a"
         print(f"{name:<10} {r['rollout_tps']:>14.1f} {r['train_tps']:>12.1f} {ratio:>12} {r['update_s']:>9.2f} {r['wall_s']:>8.1f}")
+    print("\nStep-time breakdown (metrics.jsonl time/* and mem/*: the update's seconds exclude teacher scoring;"
+          " peak memory is the process's resident high-water mark per phase on CPU, the CUDA allocator's on GPU)")
+    header = (f"{'algorithm':<10} {'rollout s':>9} {'teacher s':>9} {'update s':>9} {'rollout':>8} {'teacher':>8} "
+              f"{'update':>8} {'rollout MB':>10} {'teacher MB':>10} {'update MB':>10}")
+    print(header)
+    print("-" * len(header))
+    for name, r in results.items():
+        if isinstance(r, str):
+            continue
+        phases = r["phases"]
+        total = sum(seconds for seconds, _ in phases.values()) or 1e-9
+        secs = " ".join(f"{phases[p][0]:>9.2f}" for p in ("rollout", "teacher", "update"))
+        shares = " ".join(f"{phases[p][0] / total:>8.0%}" for p in ("rollout", "teacher", "update"))
+        peaks = " ".join(f"{phases[p][1]:>10.0f}" for p in ("rollout", "teacher", "update"))
+        print(f"{name:<10} {secs} {shares} {peaks}")
     print("SFT's rollout generates nothing (its episodes are replayed walkthroughs), so its rollout tok/s is not a sampling speed.")
     print("x SFT train = this algorithm's train tokens/s / SFT's (< 1: its update costs more per token, e.g. a teacher pass).")
 

@@ -1,10 +1,17 @@
 """The policy protocol: everything an algorithm or the rollout engine needs from a language model.
 
-Two operations only. `generate` samples continuations and returns the *behaviour* log-probs of the
-sampled tokens (importance ratios and on-policy checks need them). `score` re-reads given continuations
-under given contexts and returns per-token log-probs, optionally the top-M alternatives and the mass
-outside them (the "tail bucket" of top-M distillation losses). Keeping the contract this small is what
-lets HF, vLLM or a future backend be swapped under the same trainer.
+Two operations. `generate` samples continuations and returns the *behaviour* log-probs of the sampled
+tokens (importance ratios and on-policy checks need them). `score` re-reads given continuations under
+given contexts and returns per-token log-probs, optionally the top-M alternatives and the mass outside
+them (the "tail bucket" of top-M distillation losses). `score` is also the teacher's whole interface: an
+in-process HF teacher and a served vLLM teacher implement the same contract (see `Policy.score`), so a
+distillation method never knows which one it talks to. Keeping the contract this small is what lets HF,
+vLLM or a future backend be swapped under the same trainer.
+
+A backend may also offer `session()` (see `DecodeSession`): generation that keeps each row's KV cache
+between calls, so a multi-turn rollout appends the observation and the next turn instead of re-encoding
+the history. The rollout engine uses it where present and falls back to `generate` (whose prefix cache,
+for vLLM, serves the same purpose).
 """
 
 from __future__ import annotations
@@ -87,9 +94,62 @@ class Policy(Protocol):
         continuations: Sequence[Sequence[int]],
         top_m: int = 0,
         grad: bool = False,
-    ) -> list[TokenScores]: ...
+        *,
+        support_ids: Sequence[torch.Tensor] | None = None,
+    ) -> list[TokenScores]:
+        """Score each continuation under its context: the teacher's contract, for every backend.
+
+        Inputs: ``contexts[i]`` and ``continuations[i]`` are token ids (``contexts[i]`` non-empty). The ids
+        are scored exactly as given, never decoded or re-tokenised, so a teacher sees the student's very
+        sampled tokens.
+
+        Returns one :class:`TokenScores` per row, for the ``T_i = len(continuations[i])`` positions, each
+        position t meaning "the distribution of ``continuations[i][t]`` given ``contexts[i] +
+        continuations[i][:t]``", at temperature 1 (the raw model distribution: no temperature, top-k or
+        top-p filter, whatever the sampler used):
+
+        - ``logprobs [T_i]`` float32: log-prob of the given token at each position;
+        - ``top_m > 0``: ``top_ids [T_i, M]`` (long) and ``top_logprobs [T_i, M]`` (float32, descending),
+          the model's own M most likely tokens, and ``tail_logprob [T_i]`` = ``log(1 - sum exp(top_logprobs))``
+          computed stably as in :func:`agentgym_opd.losses.tail_logprob` (finite even when the M tokens
+          hold all the mass);
+        - ``support_ids`` given (one ``[T_i, M]`` long tensor per row, e.g. the student's top-M ids, the
+          support SDPO uses): ``top_ids`` are exactly those ids (same order), ``top_logprobs`` the model's
+          log-probs at them and ``tail_logprob`` the mass outside them; ``top_m`` is then ignored. A
+          backend that cannot score arbitrary ids (a server returning only its own top-k) raises
+          ``NotImplementedError`` saying to use the teacher's support (``algo.top_m_support=teacher``);
+        - ``top_m == 0`` and no ``support_ids``: ``logprobs`` only (the other fields None).
+
+        Memory: a backend never holds ``[T, V]`` logits for a whole sequence; the HF backend runs the body
+        once and the final norm + ``lm_head`` + log-softmax + top-k in chunks of positions, discarding each
+        chunk's vocabulary-sized tensors. ``grad=True`` (in-process backends only) makes the returned
+        tensors differentiable with respect to the policy's parameters; a served backend raises
+        ``NotImplementedError``. Results may live on the policy's device.
+
+        Agreement between backends (the served-teacher test): ``logprobs``, ``top_logprobs`` and
+        ``tail_logprob`` within 1e-4 of the HF backend's in float32; ``top_ids`` equal except where
+        log-probs tie within that tolerance.
+        """
+        ...
 
     def adapter_disabled(self) -> ContextManager[None]: ...
+
+
+class DecodeSession(Protocol):
+    """Generation that keeps each row's KV cache between calls (a multi-turn rollout's fast path).
+
+    A session holds rows identified by caller keys. ``generate(keys, sequences, params, seeds)`` is
+    `Policy.generate` where ``sequences[i]`` is the row's *whole* token sequence so far: the session
+    checks that it extends what the row already holds (the previous sequence plus what was sampled for
+    it) and feeds only the new ids; a key it has not seen starts a new row. ``release(keys)`` frees rows
+    whose episodes ended. The tokens and log-probs are exactly those `generate` would return for the same
+    sequences and seeds.
+    """
+
+    def generate(self, keys: Sequence[int], sequences: Sequence[Sequence[int]], params: SamplingParams,
+                 seeds: Sequence[int | None] | None = None) -> list[Generation]: ...
+
+    def release(self, keys: Sequence[int]) -> None: ...
 
 
 def null_context() -> ContextManager[None]:

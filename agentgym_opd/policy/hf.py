@@ -18,7 +18,7 @@ import torch
 
 from agentgym_opd.policy.base import Generation, SamplingParams, TokenScores, tail_logprob
 from agentgym_opd.policy.chat import end_of_turn_token_ids
-from agentgym_opd.policy.sampling import draw, row_generators, sampling_logits
+from agentgym_opd.policy.sampling import draw, row_seed_words, row_seeds, sampling_logits
 
 
 @dataclass
@@ -110,77 +110,45 @@ class HFPolicy:
             yield
 
     # ------------------------------------------------------------------ generate
+    def session(self) -> "KVSession":
+        """A generation session that keeps each row's KV cache between calls (see `KVSession`)."""
+        return KVSession(self)
+
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  seeds: list[int | None] | None = None) -> list[Generation]:
-        """Batched, left-padded, KV-cached sampling. `seeds` (one per prompt) overrides `params.seed + row`."""
+        """Batched, KV-cached sampling. `seeds` (one per prompt) overrides `params.seed + row`."""
         if not prompts:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("generate: every prompt needs at least one token")
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"generate: {len(prompts)} prompts but {len(seeds)} seeds")
-        from transformers import DynamicCache
+        return KVSession(self).generate(list(range(len(prompts))), prompts, params, seeds)
 
-        batch = len(prompts)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        for row, p in enumerate(prompts):
-            ids[row, width - len(p):] = torch.tensor(p)
-            mask[row, width - len(p):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        generators = row_generators(batch, params.seed, seeds)
-        stop_ids = torch.tensor(self.stop_token_ids or [-1], device=self.device)
-
-        out_ids: list[list[int]] = [[] for _ in range(batch)]
-        out_lp: list[list[float]] = [[] for _ in range(batch)]
-        finish = ["length"] * batch
-        alive = torch.ones(batch, dtype=torch.bool, device=self.device)
-        was_training = self.model.training
-        self.model.eval()
-        cache = DynamicCache()
-        step_input, step_pos = ids, positions
-        try:
-            for _ in range(params.max_new_tokens):
-                out = self.model(input_ids=step_input, attention_mask=mask, position_ids=step_pos,
-                                 past_key_values=cache, use_cache=True)
-                cache = out.past_key_values
-                logits = out.logits[:, -1, :].float()
-                picked = draw(logits, params, generators)
-                source = logits if self.logprobs_mode == "raw" or params.temperature == 0 else sampling_logits(logits, params)
-                lp = torch.log_softmax(source, dim=-1).gather(-1, picked[:, None]).squeeze(-1)
-                for row in torch.nonzero(alive).flatten().tolist():
-                    out_ids[row].append(int(picked[row]))
-                    out_lp[row].append(float(lp[row]))
-                    if params.stop and self._hits_stop(out_ids[row], params.stop):
-                        finish[row] = "stop"
-                        alive[row] = False
-                ended = torch.isin(picked, stop_ids) & alive
-                for row in torch.nonzero(ended).flatten().tolist():
-                    finish[row] = "stop"
-                alive &= ~ended
-                if not alive.any():
-                    break
-                step_input = torch.where(alive, picked, torch.full_like(picked, self.pad_id))[:, None]
-                mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], dim=1)
-                step_pos = step_pos[:, -1:] + 1
-        finally:
-            self.model.train(was_training)
-        return [Generation(self._decode(t, params.stop), t, lp, finish[row])  # type: ignore[arg-type]
-                for row, (t, lp) in enumerate(zip(out_ids, out_lp))]
-
-    def _hits_stop(self, token_ids: list[int], stop: list[str]) -> bool:
-        tail = self.tokenizer.decode(token_ids[-16:], skip_special_tokens=True)
-        return any(s in tail for s in stop)
-
-    def _decode(self, token_ids: list[int], stop: list[str]) -> str:
+    def _decode(self, token_ids: list[int], stop: Sequence[str]) -> str:
         text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
         for s in stop:
             if s in text:
                 text = text[: text.index(s)]
         return text
+
+    def _stop_string_end(self, token_ids: list[int], stop: Sequence[str]) -> int | None:
+        """The fewest leading tokens whose text contains a stop string (None: no stop string in the text).
+
+        Called once per row per call, after decoding: a bisection over prefixes instead of a text check
+        after every token, which gives the same cut because a prefix's text only grows with the prefix.
+        """
+        def hit(k: int) -> bool:
+            text = self.tokenizer.decode(token_ids[:k], skip_special_tokens=True)
+            return any(s in text for s in stop)
+
+        if not stop or not token_ids or not hit(len(token_ids)):
+            return None
+        lo, hi = 1, len(token_ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if hit(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     # ------------------------------------------------------------------ score
     def score(
@@ -189,35 +157,374 @@ class HFPolicy:
         continuations: Sequence[Sequence[int]],
         top_m: int = 0,
         grad: bool = False,
+        *,
+        support_ids: Sequence[torch.Tensor] | None = None,
     ) -> list[TokenScores]:
-        """Log-probs (temperature 1) of each continuation token given context + earlier continuation tokens."""
+        """The `Policy.score` contract: log-probs (temperature 1) of each continuation token, and optionally
+        the top-M / given-support log-probs plus the tail, computed in chunks of positions (no ``[T, V]``)."""
         if len(contexts) != len(continuations):
             raise ValueError(f"score: {len(contexts)} contexts but {len(continuations)} continuations")
+        if support_ids is not None and len(support_ids) != len(contexts):
+            raise ValueError(f"score: {len(contexts)} contexts but {len(support_ids)} support_ids tensors")
+        if top_m < 0:
+            raise ValueError(f"score: top_m must be >= 0, got {top_m}")
         if not contexts:
             return []
         if any(len(c) == 0 for c in contexts):
             raise ValueError("score: every context needs at least one token (the first continuation token is "
                              "predicted from the last context token)")
         seqs = [list(c) + list(x) for c, x in zip(contexts, continuations)]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, s in enumerate(seqs):  # right padding: positions are simply 0..len-1
-            ids[row, : len(s)] = torch.tensor(s)
-            mask[row, : len(s)] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        lengths = [len(x) for x in continuations]
+        width, steps = max(len(s) for s in seqs), max(max(lengths), 1)
+        ids = torch.tensor([s + [self.pad_id] * (width - len(s)) for s in seqs], dtype=torch.long)
+        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], dtype=torch.long)
+        starts = torch.tensor([len(c) - 1 for c in contexts], dtype=torch.long)
+        index = (starts[:, None] + torch.arange(steps)[None, :]).clamp(max=width - 1)  # right padding: 0..len-1
+        targets = torch.tensor([list(x) + [0] * (steps - len(x)) for x in continuations], dtype=torch.long)
+        support = None
+        if support_ids is not None:
+            m = support_ids[0].shape[-1]
+            support = torch.zeros((len(seqs), steps, m), dtype=torch.long)
+            for row, (sup, n) in enumerate(zip(support_ids, lengths)):
+                if tuple(sup.shape) != (n, m):
+                    raise ValueError(f"score: support_ids[{row}] must be [{n}, {m}], got {tuple(sup.shape)}")
+                support[row, :n] = sup.long()
         with torch.set_grad_enabled(grad), (contextlib.nullcontext() if grad else torch.inference_mode()):
-            logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-            results = []
-            for row, (ctx, cont) in enumerate(zip(contexts, continuations)):
-                start, n = len(ctx) - 1, len(cont)
-                step_logits = logits[row, start: start + n].float()
-                logp_all = torch.log_softmax(step_logits, dim=-1)
-                target = torch.tensor(list(cont), dtype=torch.long, device=self.device)
-                lp = logp_all.gather(-1, target[:, None]).squeeze(-1)
-                if top_m > 0:
-                    top_lp, top_ids = torch.topk(logp_all, min(top_m, logp_all.shape[-1]), dim=-1)
-                    results.append(TokenScores(lp, top_ids, top_lp, tail_logprob(top_lp)))
-                else:
-                    results.append(TokenScores(lp))
+            hidden = final_hidden_states(self.model, ids.to(self.device), mask.to(self.device))
+            hidden = hidden.gather(1, index.to(self.device)[..., None].expand(-1, -1, hidden.shape[-1]))
+            scores = chunked_token_scores(self.model, hidden, targets.to(self.device), top_m=top_m,
+                                          support_ids=None if support is None else support.to(self.device))
+        results = []
+        for row, n in enumerate(lengths):
+            if scores.top_ids is None:
+                results.append(TokenScores(scores.logprobs[row, :n]))
+            else:
+                results.append(TokenScores(scores.logprobs[row, :n], scores.top_ids[row, :n],
+                                           scores.top_logprobs[row, :n], scores.tail_logprob[row, :n]))
+        return results
+
+
+# ----------------------------------------------------------------------------------------------------
+# Scoring in chunks of positions: the body once, then norm'd hidden states -> lm_head -> top-k, per chunk
+# ----------------------------------------------------------------------------------------------------
+
+SCORE_CHUNK_ELEMENTS = 1 << 21
+"""Vocabulary-sized numbers one scoring chunk may hold (8 MB in float32): 13 positions of a 151,936-token
+vocabulary, 2,774 of the tiny model's. Small enough that a chunk never dominates a step's memory, large
+enough that each chunk is one efficient matrix product."""
+
+
+def final_hidden_states(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """``[b, T, H]``: the body's last hidden states, after its final norm (what ``lm_head`` reads).
+
+    `get_decoder()` is the transformers name for the body of a causal LM; through PEFT it reaches the
+    adapted layers, so a LoRA model's adapters (and `disable_adapter`) apply as in a full forward pass.
+    """
+    body = model.get_decoder()
+    out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    return out.last_hidden_state
+
+
+def output_logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """float32 logits from final hidden states, as the model's own forward computes them (``lm_head``,
+    then the output scaling or soft-capping some architectures apply)."""
+    logits = model.get_output_embeddings()(hidden).float()
+    config = getattr(model, "config", None)
+    scaling = getattr(config, "logits_scaling", None)
+    if scaling:
+        logits = logits / scaling
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+@dataclass
+class ChunkedScores:
+    """Per-position scores ``[b, T]`` (and ``[b, T, M]``) assembled from chunks; see `chunked_token_scores`."""
+
+    logprobs: torch.Tensor
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
+    tail_logprob: torch.Tensor | None = None
+
+
+def chunk_positions(batch: int, vocab: int, budget: int = SCORE_CHUNK_ELEMENTS) -> int:
+    """Positions per chunk so that ``batch * positions * vocab`` stays within ``budget`` numbers."""
+    return max(1, budget // max(1, batch * vocab))
+
+
+def chunked_token_scores(model: Any, hidden: torch.Tensor, targets: torch.Tensor, *, top_m: int = 0,
+                         support_ids: torch.Tensor | None = None, chunk: int | None = None) -> ChunkedScores:
+    """Token log-probs ``[b, T]`` of ``targets`` and top-M (or given-support) log-probs plus the tail, from
+    final hidden states ``[b, T, H]``, never holding more than one chunk of vocabulary-sized logits.
+
+    Under autograd each chunk is recomputed in the backward pass (see `chunked_over_positions`), so the
+    backward too holds one chunk's logits at a time; only ``hidden`` and the small outputs are kept.
+    """
+    from agentgym_opd.losses import tail_logprob
+
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if support_ids is None and top_m > vocab:
+        raise ValueError(f"top_m={top_m} exceeds the vocabulary ({vocab} tokens)")
+    step = chunk or chunk_positions(hidden.shape[0], vocab)
+    wants_m = support_ids is not None or top_m > 0
+
+    def one_chunk(h: torch.Tensor, target: torch.Tensor, support: torch.Tensor | None):
+        logp = torch.log_softmax(output_logits(model, h), dim=-1)
+        token = logp.gather(-1, target[..., None]).squeeze(-1)
+        if not wants_m:
+            return (token,)
+        if support is not None:
+            top_lp, ids = logp.gather(-1, support), support
+        else:
+            top_lp, ids = logp.topk(top_m, dim=-1)
+        return token, ids, top_lp, tail_logprob(top_lp)
+
+    support = support_ids if support_ids is not None else targets[..., None]  # a placeholder when unused
+
+    def one(h: torch.Tensor, start: int, end: int):
+        return one_chunk(h, targets[:, start:end], support[:, start:end] if support_ids is not None else None)
+
+    return ChunkedScores(*chunked_over_positions(model, hidden, one, step))
+
+
+class _ChunkedHead(torch.autograd.Function):
+    """Per-position outputs of ``fn(hidden[:, a:b], a, b)`` over chunks, differentiable, one chunk in memory.
+
+    Forward runs every chunk without a graph. Backward recomputes each chunk with a local graph and
+    `torch.autograd.grad`, writing that chunk's hidden-state gradient into one buffer and adding the head
+    parameters' gradients into one buffer each. (Activation checkpointing per chunk would keep every
+    chunk's ``[V, H]`` weight gradient alive until the engine reaches the shared weight: 2.8 GB at 76
+    chunks of a 151,936-token vocabulary.)
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, fn, step, n_params, *params):  # type: ignore[override]
+        ctx.fn, ctx.step = fn, step
+        ctx.save_for_backward(hidden, *params)
+        with torch.no_grad():
+            parts = [fn(hidden[:, a: a + step], a, min(a + step, hidden.shape[1]))
+                     for a in range(0, hidden.shape[1], step)]
+        outs = tuple(torch.cat([p[k] for p in parts], dim=1) for k in range(len(parts[0])))
+        ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        hidden, *params = ctx.saved_tensors
+        wanted = [p for p in params if p.requires_grad]
+        grad_hidden = torch.zeros_like(hidden)
+        grad_params = [torch.zeros_like(p) for p in wanted]
+        for a in range(0, hidden.shape[1], ctx.step):
+            b = min(a + ctx.step, hidden.shape[1])
+            with torch.enable_grad():
+                h = hidden[:, a:b].detach().requires_grad_()
+                outs = ctx.fn(h, a, b)
+                pairs = [(o, g[:, a:b]) for o, g in zip(outs, grads)
+                         if g is not None and o.requires_grad and o.is_floating_point()]
+                if not pairs:
+                    continue
+                got = torch.autograd.grad([o for o, _ in pairs], [h, *wanted], [g for _, g in pairs],
+                                          allow_unused=True)
+            if got[0] is not None:
+                grad_hidden[:, a:b] = got[0]
+            for buffer, g in zip(grad_params, got[1:]):
+                if g is not None:
+                    buffer += g
+        it = iter(grad_params)
+        return (grad_hidden, None, None, None, *[next(it) if p.requires_grad else None for p in params])
+
+
+def chunked_over_positions(model: Any, hidden: torch.Tensor, fn: Any, step: int) -> tuple[torch.Tensor, ...]:
+    """``fn(hidden[:, a:b], a, b) -> tuple of [b, n, ...]`` over chunks of positions, joined along dim 1.
+
+    ``fn`` may use the model's output head (its parameters get gradients). Without autograd the chunks
+    simply run in turn; with it, :class:`_ChunkedHead` keeps one chunk's vocabulary-sized tensors at a
+    time in the backward pass too.
+    """
+    params = list(model.get_output_embeddings().parameters())
+    if torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in params)):
+        return _ChunkedHead.apply(hidden, fn, step, len(params), *params)
+    parts = [fn(hidden[:, a: a + step], a, min(a + step, hidden.shape[1])) for a in range(0, hidden.shape[1], step)]
+    return tuple(torch.cat([p[k] for p in parts], dim=1) for k in range(len(parts[0])))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Generation with the KV cache kept across calls
+# ----------------------------------------------------------------------------------------------------
+
+
+class KVSession:
+    """Rows of KV cache kept between `generate` calls: a multi-turn rollout appends, never re-encodes.
+
+    Layout: one batched cache ``[B, heads, L, d]`` per layer and an attention mask ``[B, L]``. A row's
+    real tokens occupy some slots; the others (padding, or tokens of a finished turn that were dropped)
+    have mask 0, and positions are given explicitly (a row's real tokens are numbered 0, 1, 2, ... in
+    order), so holes in the middle of a row change nothing in what it attends to. A call left-pads the
+    rows' new ids into one chunk (so every row's last new token is the chunk's last column and one
+    ``logits_to_keep=1`` forward gives each row's next-token logits), then decodes all rows together one
+    token per step. The last sampled token of a call is not fed; the next call's ids start with it.
+
+    Per step, the work is tensor operations over the batch (sampling, stop checks, masks); Python runs per
+    row only once per call (building the chunk, cutting at stop strings, returning results).
+    """
+
+    def __init__(self, policy: HFPolicy):
+        from transformers import DynamicCache
+
+        self.policy = policy
+        self.cache = DynamicCache()
+        self.keys: list[Any] = []
+        self.held: list[list[int]] = []  # each row's sequence: fed ids, then possibly one unfed sampled id
+        self.fed: list[int] = []  # how many leading ids of `held` are in the cache
+        self.last_slot: list[int] = []  # cache slot of the last fed id (to un-feed it when asked to)
+        self.mask = torch.zeros((0, 0), dtype=torch.long, device=policy.device)
+
+    # ------------------------------------------------------------------ rows
+    def release(self, keys: Sequence[Any]) -> None:
+        """Drop the rows of `keys` (finished episodes); their cache rows are freed."""
+        drop = set(keys)
+        keep = [i for i, k in enumerate(self.keys) if k not in drop]
+        if len(keep) == len(self.keys):
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.policy.device)
+        if keep and self.cache.get_seq_length() > 0:
+            self.cache.batch_select_indices(index)
+        elif not keep:
+            from transformers import DynamicCache
+
+            self.cache = DynamicCache()
+        self.mask = self.mask[index] if keep else self.mask[:0, :0]
+        for name in ("keys", "held", "fed", "last_slot"):
+            setattr(self, name, [getattr(self, name)[i] for i in keep])
+
+    def _add_rows(self, keys: Sequence[Any]) -> None:
+        n = len(keys)
+        self.keys += list(keys)
+        self.held += [[] for _ in keys]
+        self.fed += [0] * n
+        self.last_slot += [-1] * n
+        self.mask = torch.cat([self.mask, self.mask.new_zeros((n, self.mask.shape[1]))], dim=0)
+        for layer in getattr(self.cache, "layers", []):
+            keys_t = getattr(layer, "keys", None)
+            if keys_t is None or not torch.is_tensor(keys_t) or keys_t.numel() == 0:
+                continue
+            layer.keys = torch.cat([keys_t, keys_t.new_zeros((n, *keys_t.shape[1:]))], dim=0)
+            layer.values = torch.cat([layer.values, layer.values.new_zeros((n, *layer.values.shape[1:]))], dim=0)
+
+    # ------------------------------------------------------------------ generate
+    @torch.no_grad()
+    def generate(self, keys: Sequence[Any], sequences: Sequence[Sequence[int]], params: SamplingParams,
+                 seeds: Sequence[int | None] | None = None) -> list[Generation]:
+        """`Policy.generate` for the rows `keys`, each continuing its whole sequence `sequences[i]`."""
+        policy = self.policy
+        if len(keys) != len(sequences):
+            raise ValueError(f"generate: {len(keys)} keys but {len(sequences)} sequences")
+        if len(set(keys)) != len(keys):
+            raise ValueError("generate: keys must be distinct (one row each)")
+        if seeds is not None and len(seeds) != len(sequences):
+            raise ValueError(f"generate: {len(sequences)} prompts but {len(seeds)} seeds")
+        if any(len(s) == 0 for s in sequences):
+            raise ValueError("generate: every prompt needs at least one token")
+        if not keys:
+            return []
+        known = {k: i for i, k in enumerate(self.keys)}
+        new_keys = [k for k in keys if k not in known]
+        if new_keys:
+            self._add_rows(new_keys)
+            known = {k: i for i, k in enumerate(self.keys)}
+        rows = [known[k] for k in keys]
+        seqs = [list(s) for s in sequences]
+        for key, row, seq in zip(keys, rows, seqs):
+            fed = self.fed[row]
+            if len(seq) < fed or seq[:fed] != self.held[row][:fed]:
+                raise ValueError(f"generate: the sequence of row {key!r} does not extend what the session holds "
+                                 "for it (a row's ids may only grow); release the row or use a new key")
+            if len(seq) == fed:  # nothing new: un-feed the last id so its logits are computed again
+                self.mask[row, self.last_slot[row]] = 0
+                self.fed[row] = fed - 1
+        new_ids = [seq[self.fed[row]:] for row, seq in zip(rows, seqs)]
+        model, device = policy.model, policy.device
+        was_training = model.training
+        model.eval()
+        try:
+            return self._run(rows, seqs, new_ids, params, row_seeds(len(rows), params.seed, seeds))
+        finally:
+            model.train(was_training)
+
+    def _run(self, rows: list[int], seqs: list[list[int]], new_ids: list[list[int]], params: SamplingParams,
+             seeds: list[int]) -> list[Generation]:
+        policy = self.policy
+        device, pad = policy.device, policy.pad_id
+        batch, width = len(self.keys), max(len(n) for n in new_ids)
+        chunk = [[pad] * width for _ in range(batch)]
+        chunk_mask = [[0] * width for _ in range(batch)]
+        chunk_pos = [[0] * width for _ in range(batch)]
+        for row, ids in zip(rows, new_ids):
+            start, fed = width - len(ids), self.fed[row]
+            chunk[row][start:] = ids
+            chunk_mask[row][start:] = [1] * len(ids)
+            chunk_pos[row][start:] = range(fed, fed + len(ids))
+        first_slot = self.mask.shape[1]
+        self.mask = torch.cat([self.mask, torch.tensor(chunk_mask, dtype=torch.long, device=device)], dim=1)
+        out = policy.model(input_ids=torch.tensor(chunk, dtype=torch.long, device=device), attention_mask=self.mask,
+                           position_ids=torch.tensor(chunk_pos, dtype=torch.long, device=device),
+                           past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self.cache = out.past_key_values
+        logits = out.logits[:, -1, :].float()
+
+        requested = torch.zeros(batch, dtype=torch.bool)
+        requested[rows] = True
+        alive = requested.to(device)
+        words = torch.zeros((batch, 2), dtype=torch.int64)
+        words[rows] = row_seed_words(seeds)
+        words = words.to(device)
+        fed_counts = torch.tensor(self.fed, dtype=torch.long)
+        fed_counts[rows] += torch.tensor([len(n) for n in new_ids], dtype=torch.long)
+        position = fed_counts.to(device)
+        stop_ids = torch.tensor(policy.stop_token_ids or [-1], device=device)
+        picks, logps = [], []
+        produced = torch.zeros(batch, dtype=torch.long, device=device)
+        ended_by_token = torch.zeros(batch, dtype=torch.bool, device=device)
+        base = self.mask.shape[1]  # slot of generated token j is base + j (when it is fed)
+        for step in range(params.max_new_tokens):
+            picked = draw(logits, params, words, step)
+            raw = policy.logprobs_mode == "raw" or params.temperature == 0
+            source = logits if raw else sampling_logits(logits, params)
+            picks.append(picked)
+            logps.append(torch.log_softmax(source, dim=-1).gather(-1, picked[:, None]).squeeze(-1))
+            produced += alive.long()
+            ended = torch.isin(picked, stop_ids) & alive
+            ended_by_token |= ended
+            alive = alive & ~ended
+            if step == params.max_new_tokens - 1 or not bool(alive.any()):
+                break
+            self.mask = torch.cat([self.mask, alive.long()[:, None]], dim=1)
+            out = policy.model(input_ids=torch.where(alive, picked, torch.full_like(picked, pad))[:, None],
+                               attention_mask=self.mask, position_ids=position[:, None],
+                               past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+            self.cache = out.past_key_values
+            position = position + alive.long()
+            logits = out.logits[:, -1, :].float()
+
+        all_ids = torch.stack(picks, dim=1).cpu().tolist()
+        all_lp = torch.stack(logps, dim=1).cpu().tolist()
+        counts, by_token = produced.cpu().tolist(), ended_by_token.cpu().tolist()
+        results = []
+        for row, seq, ids in zip(rows, seqs, new_ids):
+            n = counts[row]
+            tokens, lps = all_ids[row][:n], all_lp[row][:n]
+            finish = "stop" if by_token[row] else "length"
+            cut = policy._stop_string_end(tokens, params.stop) if params.stop else None
+            if cut is not None and cut < n:
+                tokens, lps, finish = tokens[:cut], lps[:cut], "stop"
+                self.mask[row, base + cut - 1:] = 0  # the dropped tokens leave the row's context
+            elif cut is not None:
+                finish = "stop"
+            self.held[row] = seq + tokens
+            self.fed[row] = len(seq) + len(tokens) - 1
+            self.last_slot[row] = base + len(tokens) - 2 if len(tokens) >= 2 else first_slot + width - 1
+            results.append(Generation(policy._decode(tokens, params.stop), tokens, lps, finish))  # type: ignore[arg-type]
         return results
