@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from agentgym_opd.action_parsing import ONE_ACTION_PROMPT
 from agentgym_opd.algorithm import Algorithm
 from agentgym_opd.config import RunConfig, save_config
 from agentgym_opd.policy.base import SamplingParams
@@ -43,7 +44,7 @@ from agentgym_opd import distributed as D
 from agentgym_opd.registry import algorithm_registry, load_entry_point, make
 from agentgym_opd.rollout import RolloutBatch, RolloutEngine
 
-DEFAULT_SYSTEM_PROMPT = "You are an agent in a text environment. Reply with exactly one action per turn."
+DEFAULT_SYSTEM_PROMPT = ONE_ACTION_PROMPT  # the prompt of checkpoints saved before prompts were config keys
 TINY_STUDENT = "tiny"  # `--student tiny`: the offline tiny model (built once into the cache)
 
 
@@ -53,6 +54,22 @@ def algorithm_class(name: str) -> type[Algorithm]:
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise TypeError(f"algorithm {name!r} resolves to {cls!r}, which is not an agentgym_opd.algorithm.Algorithm")
     return cls
+
+
+def resolve_protocol(config: RunConfig, *, action_parser: str | None = None, system_prompt: str | None = None,
+                     env_args: dict[str, Any] | None = None) -> RunConfig:
+    """The config with ``rollout.action_parser`` / ``rollout.system_prompt`` filled in from the env family's
+    registered protocol where unset (arguments win over the config), and ``env_args`` merged in, so the
+    saved config says exactly what the run used ('' = no system prompt)."""
+    import dataclasses
+
+    from agentgym_opd.registry import env_protocol
+
+    r = config.rollout
+    protocol = env_protocol(config.env, action_parser=action_parser or r.action_parser,
+                            system_prompt=system_prompt if system_prompt is not None else r.system_prompt)
+    rollout = dataclasses.replace(r, action_parser=protocol.action_parser, system_prompt=protocol.system_prompt or "")
+    return dataclasses.replace(config, rollout=rollout, env_args={**config.env_args, **(env_args or {})})
 
 
 def resolve_device(name: str) -> str:
@@ -117,12 +134,15 @@ class Trainer:
     """Runs one configured training run (see the module docstring); ``train()`` returns the last metrics."""
 
     def __init__(self, config: RunConfig, *, env_overrides: dict[str, Any] | None = None,
-                 eval_env_overrides: dict[str, Any] | None = None, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
-                 action_parser: Any = "text", progress: bool = True):
+                 eval_env_overrides: dict[str, Any] | None = None, system_prompt: str | None = None,
+                 action_parser: Any = None, progress: bool = True):
         if not config.algorithm:
             raise ValueError("no algorithm: pass --algo NAME (`agentgym-opd algos` lists them)")
         if not config.env:
             raise ValueError("no environment: pass --env ID (`agentgym-opd envs` lists them)")
+        # the protocol (parser, prompt) and env options are resolved once and saved with every checkpoint
+        config = resolve_protocol(config, action_parser=action_parser if isinstance(action_parser, str) else None,
+                                  system_prompt=system_prompt, env_args=env_overrides)
         self.algo_cls = algorithm_class(config.algorithm)
         algo_config = config.algo_config(self.algo_cls.Config)
         if self.algo_cls.needs_groups and config.rollout.group_size < 2:
@@ -138,8 +158,8 @@ class Trainer:
         self.output_dir = Path(config.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.progress = progress
-        self.env_overrides = {"max_turns": config.rollout.max_turns, **(env_overrides or {})}
-        self.eval_env_overrides = {"max_turns": config.rollout.max_turns, **(eval_env_overrides or env_overrides or {})}
+        self.env_overrides = {"max_turns": config.rollout.max_turns, **config.env_args}
+        self.eval_env_overrides = {"max_turns": config.rollout.max_turns, **(eval_env_overrides or config.env_args)}
         torch.manual_seed(config.seed)
         self.student = load_policy(config.model.student, config, trainable=True)
         self.teacher = load_policy(config.model.teacher, config, trainable=False) if config.model.teacher else None
@@ -166,10 +186,12 @@ class Trainer:
         rollout_policy = self.vllm or self.rollout_copy or self.student
         self.engine = RolloutEngine(
             rollout_policy, SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p),
-            max_context_tokens=config.model.max_seq_len, system_prompt=system_prompt, action_parser=action_parser)
+            max_context_tokens=config.model.max_seq_len, system_prompt=r.system_prompt or None,
+            action_parser=action_parser if callable(action_parser) else r.action_parser)
         self.eval_engine = RolloutEngine(
             rollout_policy, SamplingParams(max_new_tokens=r.max_new_tokens, temperature=config.eval.temperature),
-            max_context_tokens=config.model.max_seq_len, system_prompt=system_prompt, action_parser=action_parser)
+            max_context_tokens=config.model.max_seq_len, system_prompt=self.engine.system_prompt,
+            action_parser=self.engine.parse)
         self.group_size = r.group_size if self.algo_cls.needs_groups else 1
         self.envs = [make(config.env, **self.env_overrides) for _ in range(r.tasks_per_step * self.group_size)]
         self.task_ids = self.envs[0].task_ids()

@@ -8,8 +8,11 @@ those shapes, turn by turn on the real env, and must still solve the task.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+
+from agentgym_opd.config import load_config, read_mapping
 
 from agentgym_opd.action_parsing import get_parser
 from agentgym_opd.registry import env_protocol, env_registry, make
@@ -41,13 +44,13 @@ def _tag_shapes(gold: str) -> list[tuple[str, str]]:
 SHAPES = {"text": _command_shapes, "json": _call_shapes, "code": _code_shapes, "tags": _tag_shapes}
 
 
-def _play_gold(env_id: str, task_id: str | None = None, **env_kwargs) -> tuple[int, dict]:
+def _play_gold(env_id: str, task_id: str | None = None, parser: str | None = None, **env_kwargs) -> tuple[int, dict]:
     """Play the gold walkthrough through the registered parser, once per shape; return (shapes, last info).
 
     Each play uses one shape for every turn, so each shape has to solve the task on its own."""
-    protocol = env_protocol(env_id)
-    parse = get_parser(protocol.action_parser)
-    shapes = SHAPES.get(protocol.action_parser, lambda gold: [(gold, "stop")])
+    parser = parser or env_registry.spec(env_id).action_parser
+    parse = get_parser(parser)
+    shapes = SHAPES.get(parser, lambda gold: [(gold, "stop")])
     env = make(env_id, **env_kwargs)
     try:
         task = task_id or env.task_ids()[0]
@@ -142,3 +145,40 @@ def test_parsers_are_named_or_loaded_by_entry_point_and_bad_names_say_what_exist
         get_parser("xml")
     with pytest.raises(ValueError, match="cannot be loaded"):
         get_parser("no_such_module:parse")
+
+
+# ------------------------------------------------------------------ the shipped recipes
+RECIPES = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+RECIPE_ENV_ARGS = {"alfworld": "data", "code": "data", "searchqa": "data", "scienceworld": {"max_tasks": 1}}
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_each_recipe_names_its_parser_and_prompt_and_its_envs_gold_scores_through_them(recipe, shared_data):
+    rollout = read_mapping(recipe)["rollout"]
+    assert "action_parser" in rollout and "system_prompt" in rollout, f"{recipe.name} must name its parser and prompt"
+    config = load_config(recipe)
+    if config.rollout.action_parser.startswith("environments.bfcl.protocol"):
+        pytest.importorskip("environments.bfcl.protocol", reason="environments/bfcl/protocol.py comes with the bfcl work")
+    for env_id in {config.env, config.eval.env or config.env}:
+        kwargs = RECIPE_ENV_ARGS.get(env_id.split("/")[0], {})
+        kwargs = {"data_root": str(shared_data)} if kwargs == "data" else kwargs
+        played, step = _play_gold(env_id, parser=config.rollout.action_parser, **kwargs)
+        assert played >= 1 and step["success"]
+
+
+def test_a_run_config_records_the_resolved_protocol_and_the_env_section(tmp_path):
+    from agentgym_opd.config import save_config
+    from agentgym_opd.trainer import resolve_protocol
+
+    household = resolve_protocol(load_config(None, ["env=household/train"]), env_args={"num_tasks": 2})
+    assert household.rollout.action_parser == "text" and "one action" in household.rollout.system_prompt
+    assert household.env_args == {"num_tasks": 2}
+    code = resolve_protocol(load_config(None, ["env=code/humaneval"]))
+    assert (code.rollout.action_parser, code.rollout.system_prompt) == ("code", "")  # '' = no system prompt
+    chosen = resolve_protocol(load_config(None, ["env=code/humaneval", "rollout.action_parser=json",
+                                                 "rollout.system_prompt=Write code."]))
+    assert (chosen.rollout.action_parser, chosen.rollout.system_prompt) == ("json", "Write code.")
+    (tmp_path / "run.yaml").write_text("env:\n  id: household/train\n  args: {num_tasks: 3}\n")
+    sectioned = load_config(tmp_path / "run.yaml")
+    assert (sectioned.env, sectioned.env_args) == ("household/train", {"num_tasks": 3})
+    assert load_config(save_config(household, tmp_path / "saved.yaml")) == household
