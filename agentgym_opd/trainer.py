@@ -40,6 +40,7 @@ from agentgym_opd.action_parsing import ONE_ACTION_PROMPT
 from agentgym_opd.algorithm import Algorithm
 from agentgym_opd.config import RunConfig, save_config
 from agentgym_opd.policy.base import SamplingParams
+from agentgym_opd.policy.loading import load_student, model_path, resolve_device  # noqa: F401 (re-exported)
 from agentgym_opd import distributed as D
 from agentgym_opd.registry import algorithm_registry, load_entry_point, make
 from agentgym_opd.rollout import RolloutBatch, RolloutEngine
@@ -72,31 +73,6 @@ def resolve_protocol(config: RunConfig, *, action_parser: str | None = None, sys
     return dataclasses.replace(config, rollout=rollout, env_args={**config.env_args, **(env_args or {})})
 
 
-def resolve_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
-def load_policy(path: str | None, config: RunConfig, *, trainable: bool) -> Any:
-    """An HFPolicy from a local path (``"tiny"`` = the offline tiny model); LoRA on the student if configured."""
-    from agentgym_opd.policy.hf import HFPolicy, LoraConfig
-
-    if not path:
-        raise ValueError("no student model: pass --student PATH (or model.student=PATH; 'tiny' for the offline tiny model)")
-    if path == TINY_STUDENT:
-        from agentgym_opd.policy.tiny import default_tiny_model
-
-        path = str(default_tiny_model())
-    m = config.model
-    lora = LoraConfig(r=m.lora_rank, alpha=int(m.lora_alpha), dropout=m.lora_dropout) if trainable and m.lora_rank > 0 else None
-    kwargs = {"gguf_file": m.gguf_file} if m.gguf_file else {}
-    policy = HFPolicy.from_pretrained(path, dtype=m.dtype, lora=lora, device=resolve_device(m.device), **kwargs)
-    if not trainable:
-        policy.model.requires_grad_(False)
-    return policy
-
-
 def make_vllm_engine(config: RunConfig) -> Any:
     """The vLLM rollout engine of ``model.backend=vllm``: the student's weights, synced after every update.
 
@@ -107,11 +83,7 @@ def make_vllm_engine(config: RunConfig) -> Any:
     m = config.model
     if m.lora_rank and config.train.strategy == "fsdp":
         raise ValueError("model.backend=vllm with LoRA under FSDP is not supported: use train.strategy=ddp or full weights")
-    path = m.student
-    if path == TINY_STUDENT:
-        from agentgym_opd.policy.tiny import default_tiny_model
-
-        path = str(default_tiny_model())
+    path = model_path(m.student or "")
     try:
         return VLLMPolicy(path, dtype=m.dtype, max_model_len=m.max_seq_len + config.rollout.max_new_tokens,
                           seed=config.seed, tensor_parallel_size=m.vllm_tensor_parallel_size,
@@ -161,8 +133,8 @@ class Trainer:
         self.env_overrides = {"max_turns": config.rollout.max_turns, **config.env_args}
         self.eval_env_overrides = {"max_turns": config.rollout.max_turns, **(eval_env_overrides or config.env_args)}
         torch.manual_seed(config.seed)
-        self.student = load_policy(config.model.student, config, trainable=True)
-        self.teacher = load_policy(config.model.teacher, config, trainable=False) if config.model.teacher else None
+        self.student = load_student(config.model.student, config.model, trainable=True)
+        self.teacher = load_student(config.model.teacher, config.model, trainable=False) if config.model.teacher else None
         t = config.train
         params = [p for p in self.student.model.parameters() if p.requires_grad]
         if t.optimizer == "adamw":
@@ -180,7 +152,7 @@ class Trainer:
         r = config.rollout
         # a sharded FSDP network cannot generate (each forward is a collective; ranks generate different
         # lengths): it keeps an unsharded copy, refreshed after every update, for rollouts and saving
-        self.rollout_copy = (load_policy(config.model.student, config, trainable=False)
+        self.rollout_copy = (load_student(config.model.student, config.model, trainable=False)
                              if D.is_fsdp(self.algorithm.model) else None)
         self.vllm = make_vllm_engine(config) if config.model.backend == "vllm" else None
         rollout_policy = self.vllm or self.rollout_copy or self.student
@@ -264,15 +236,19 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Greedy (``eval.temperature``) success rate on the eval env's first ``eval.episodes`` tasks."""
+        from agentgym_opd.playing import play_tasks
+
         env_id = self.config.eval.env or self.config.env
-        env = make(env_id, **self.eval_env_overrides)
-        tasks = env.task_ids()[: self.config.eval.episodes]
-        envs = [env] + [make(env_id, **self.eval_env_overrides) for _ in tasks[1:]]
-        batch = self.eval_engine.collect(envs, tasks, seed=self.config.eval.seed)
-        n = len(batch.episodes)
-        self.last_eval = {"success": sum(e.success for e in batch.episodes) / n,
-                          "score": sum(e.score for e in batch.episodes) / n,
-                          "turns": sum(e.num_turns for e in batch.episodes) / n, "episodes": float(n)}
+        probe = make(env_id, **self.eval_env_overrides)
+        tasks = probe.task_ids()[: self.config.eval.episodes]
+        probe.close()
+        e = self.eval_engine
+        episodes = play_tasks(e.policy, env_id, tasks, sampling=e.sampling, action_parser=e.parse,
+                              system_prompt=e.system_prompt, seed=self.config.eval.seed, batch_size=len(tasks),
+                              max_context_tokens=e.max_context_tokens, env_kwargs=self.eval_env_overrides)
+        n = len(episodes)
+        self.last_eval = {"success": sum(e.success for e in episodes) / n, "score": sum(e.score for e in episodes) / n,
+                          "turns": sum(e.num_turns for e in episodes) / n, "episodes": float(n)}
         return self.last_eval
 
     def _log(self, record: dict[str, Any]) -> None:

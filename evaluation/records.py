@@ -16,7 +16,8 @@ A record is a JSON object. Schema version 1:
 | `wall_time_s` | float >= 0 | evaluation wall time |
 | `created` | str | ISO-8601 time the record was written |
 | `curve` | optional list of {"rollouts": int, "success_rate": float} | training curve (success against rollout budget) |
-| `protocol` | optional {name: str/number/bool/null} | how it was evaluated (temperature, samples, max_new_tokens, max_turns, backend, action_parser); records with different protocols are different leaderboard rows |
+| `protocol` | optional {name: str/number/bool/null} | how it was evaluated (temperature, samples, max_new_tokens, max_turns, backend, action_parser, system_prompt; `partial: true` for an interrupted run); records with different protocols are different leaderboard rows |
+| `throughput` | optional {"agent_tokens": int, "tokens_per_s": number} | tokens the policy generated, and per second of wall time |
 
 Validation names the first field that is missing or wrong and what it should be, so a record is either
 accepted whole or refused whole.
@@ -97,6 +98,9 @@ FIELDS: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "created": (True, _check_created),
     "curve": (False, _check_curve),
     "protocol": (False, lambda v: _check_protocol(v)),
+    "throughput": (False, lambda v: None if isinstance(v, dict) and set(v) == {"agent_tokens", "tokens_per_s"}
+                   and isinstance(v["agent_tokens"], int) and v["agent_tokens"] >= 0 and _is_number(v["tokens_per_s"])
+                   and v["tokens_per_s"] >= 0 else f"must be {{'agent_tokens': int >= 0, 'tokens_per_s': number >= 0}}, got {v!r}"),
 }
 
 
@@ -119,7 +123,10 @@ def protocol_label(record: dict[str, Any], *, short: bool = False) -> str:
     ``short`` drops the entries equal to the eval defaults, for tables."""
     protocol = record.get("protocol") or {}
     keys = [k for k in sorted(protocol) if not (short and k in PROTOCOL_DEFAULTS and protocol[k] == PROTOCOL_DEFAULTS[k])]
-    return " ".join(f"{k}={protocol[k]}" for k in keys)
+    shown = {k: str(protocol[k]) for k in keys}
+    if short and isinstance(protocol.get("system_prompt"), str):  # a paragraph: a table shows its fingerprint
+        shown["system_prompt"] = "#" + hashlib.sha256(protocol["system_prompt"].encode()).hexdigest()[:6]
+    return " ".join(f"{k}={shown[k]}" for k in keys)
 
 
 def validate_record(record: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ record says, that seeds reproduce, and that bad input is refused with exit code 
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -18,8 +19,8 @@ from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.registry import make, register
 from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT, Trainer
 from evaluation.leaderboard import Leaderboard
-from evaluation.policy_eval import (EvalSetupError, evaluate_policy, load_policy, resolve_action_parser,
-                                    resolve_policy, run_policy_episodes)
+from agentgym_opd.playing import play_tasks
+from evaluation.policy_eval import EvalSetupError, evaluate_policy, load_policy, resolve_action_parser, resolve_policy
 from evaluation.records import validate_record
 
 ENV = "household/valid_unseen"
@@ -63,10 +64,11 @@ def test_episodes_are_batched_reproducible_and_independent_of_chunking():
     policy = load_policy(resolve_policy("tiny"), device="cpu")
     tasks = make(ENV).task_ids()[:2]
     run = dict(samples=2, sampling=SamplingParams(max_new_tokens=8, temperature=1.0),
-               action_parser=resolve_action_parser(FIRST_LINE), system_prompt=DEFAULT_SYSTEM_PROMPT, max_turns=2)
-    wide = run_policy_episodes(policy, ENV, tasks, seed=5, num_envs=4, **run)   # one chunk of 4 envs
-    narrow = run_policy_episodes(policy, ENV, tasks, seed=5, num_envs=2, **run)  # two chunks of 2
-    other = run_policy_episodes(policy, ENV, tasks, seed=6, num_envs=4, **run)
+               action_parser=resolve_action_parser(FIRST_LINE), system_prompt=DEFAULT_SYSTEM_PROMPT,
+               env_kwargs={"max_turns": 2})
+    wide = play_tasks(policy, ENV, tasks, seed=5_000_000, batch_size=4, **run)   # one batch of 4 envs
+    narrow = play_tasks(policy, ENV, tasks, seed=5_000_000, batch_size=2, **run)  # two batches of 2
+    other = play_tasks(policy, ENV, tasks, seed=6_000_000, batch_size=4, **run)
     assert [e.task.id for e in wide] == [tasks[0], tasks[0], tasks[1], tasks[1]]
     assert [e.metadata["rollout_seed"] for e in narrow] == [5_000_000 + k for k in range(4)]
     assert all(e.metadata["first_prompt"][0] == {"role": "system", "content": DEFAULT_SYSTEM_PROMPT} for e in wide)
@@ -128,7 +130,14 @@ def test_cli_writes_one_record_per_seed_that_the_leaderboard_groups(tmp_path, ca
     for p in paths:
         board.add(p)
     board.build()
-    assert f"| {ENV} | base [max_new_tokens=8 max_turns=2] | tiny | - | 0,1 | 4 |" in (tmp_path / "lb" / "LEADERBOARD.md").read_text()
+    prompt = "#" + hashlib.sha256(DEFAULT_SYSTEM_PROMPT.encode()).hexdigest()[:6]  # the family's prompt, by fingerprint
+    assert (f"| {ENV} | base [max_new_tokens=8 max_turns=2 system_prompt={prompt}] | tiny | - | 0,1 | 4 |"
+            in (tmp_path / "lb" / "LEADERBOARD.md").read_text())
+    assert records[0]["protocol"]["system_prompt"] == DEFAULT_SYSTEM_PROMPT and records[0]["throughput"]["agent_tokens"] > 0
+    lines = [json.loads(line) for line in (tmp_path / "rec.seed0.episodes.jsonl").read_text().splitlines()]
+    assert [line["index"] for line in lines] == [0, 1] and all(line["turns"] == 2 for line in lines)
+    turn = lines[0]["transcript"]["turns"][0]
+    assert turn["error"]["kind"] == "parse_error" and turn["reply"] and turn["observation"] == turn["error"]["message"]
 
 
 @pytest.mark.parametrize("argv, message", [
