@@ -46,7 +46,8 @@ def _train(tmp_path, name: str, *overrides: str) -> Trainer:
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory):
     """A real SFT run (2 steps on the tiny model) with a non-default algorithm knob, checkpointed at the end."""
-    return _train(tmp_path_factory.mktemp("runs"), "sft", "algo.aggregation=seq_mean_token_mean")
+    return _train(tmp_path_factory.mktemp("runs"), "sft", "algo.aggregation=seq_mean_token_mean",
+                  "rollout.system_prompt=Act now.")
 
 
 def test_tiny_model_record_is_valid_and_uses_the_trainer_prompt():
@@ -100,6 +101,7 @@ def test_checkpoint_and_run_folder_load_the_trained_weights_and_name_the_algorit
     (record,) = evaluate_policy(ENV, str(sft_run.output_dir), **FAST)
     assert (record["algorithm"], record["student"], record["teacher"]) == ("sft", "tiny", None)
     assert record["algorithm_config"] == {"aggregation": "seq_mean_token_mean", "context_fraction": 0.0}
+    assert (record["protocol"]["action_parser"], record["protocol"]["system_prompt"]) == ("text", "Act now.")  # as trained
     validate_record(record)
 
 
@@ -165,3 +167,51 @@ def test_bad_input_is_a_clear_error_with_exit_code_2(tmp_path, capsys, argv, mes
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: ") and message in err, err
     assert "Traceback" not in err
+
+
+_CALLS = {"n": 0}
+
+
+def interrupt_on_third_reply(text: str, finish_reason: str):
+    """A parser that stands in for Ctrl-C: the third reply of the run raises KeyboardInterrupt."""
+    _CALLS["n"] += 1
+    if _CALLS["n"] == 3:
+        raise KeyboardInterrupt
+    return "look", None
+
+
+def test_an_interrupted_run_keeps_the_finished_episodes_as_a_partial_record(tmp_path):
+    _CALLS["n"] = 0
+    out = tmp_path / "rec.json"
+    with pytest.raises(KeyboardInterrupt, match="after 1 episodes"):
+        evaluate_policy(ENV, "tiny", out_paths=[out], action_parser="test_eval_policy:interrupt_on_third_reply",
+                        **dict(FAST, num_envs=1))  # batches of one episode: 2 turns each
+    record = validate_record(json.loads(out.read_text()))
+    assert record["n_episodes"] == 1 and record["protocol"]["partial"] is True
+    (line,) = [json.loads(x) for x in (tmp_path / "rec.episodes.jsonl").read_text().splitlines()]
+    assert line["turns"] == 2 and [t["action"] for t in line["transcript"]["turns"]] == ["look", "look"]
+
+
+def test_batches_reach_the_caller_as_they_finish_and_the_batch_fits_the_memory_budget():
+    policy = load_policy(resolve_policy("tiny"), device="cpu")
+    seen: list[int] = []
+    tasks = make(ENV).task_ids()[:3]
+    episodes = play_tasks(policy, ENV, tasks, sampling=SamplingParams(max_new_tokens=4, temperature=0.0),
+                          action_parser=resolve_action_parser(FIRST_LINE), system_prompt=None, batch_size=2,
+                          env_kwargs={"max_turns": 1}, on_batch=lambda batch: seen.append(len(batch)))
+    assert seen == [2, 1] and [e.task.id for e in episodes] == tasks
+    from agentgym_opd.playing import rows_for_memory
+
+    weights = sum(p.numel() * p.element_size() for p in policy.model.parameters())
+    small, large = (rows_for_memory(policy, 512, weights + mb * 2**20) for mb in (1, 4096))
+    assert small == 1 and large > 8  # at least one row; more memory, more rows side by side
+    assert rows_for_memory(policy, 2048, weights + 4096 * 2**20) < large  # longer contexts, fewer rows
+
+
+def test_smollm2_is_a_policy_name():
+    from agentgym_opd.policy.loading import NAMED_MODELS, model_path
+
+    assert set(NAMED_MODELS) == {"tiny", "smollm2"}
+    source = resolve_policy("smollm2")  # converts once into the cache on first use
+    assert source.student == "smollm2" and (source.model_dir / "config.json").is_file()
+    assert model_path("smollm2") == str(source.model_dir) and model_path("some/folder") == "some/folder"
