@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)  # bad input: the message says what to do, no traceback
         return 2
     except KeyboardInterrupt as stop:
-        print(f"interrupted: {stop or 'no episode had finished, nothing written'}", file=sys.stderr)
+        print(f"interrupted: {str(stop) or 'no episode had finished, nothing written'}", file=sys.stderr)
         return 130
     if args.out:
         for path, record in zip(out_paths(args.out, list(seeds)), records):
