@@ -113,6 +113,9 @@ class RolloutConfig:
     max_new_tokens: int = constrained(128, ge=1, help="tokens per agent turn")
     temperature: float = constrained(1.0, ge=0)
     top_p: float = constrained(1.0, gt=0, le=1)
+    action_parser: str | None = constrained(None, help="reads the model's replies: text, json, code, tags or "
+                                                       "module:function; None = the env family's default")
+    system_prompt: str | None = constrained(None, help="None = the env family's default; '' = no system prompt")
 
 
 @dataclass
@@ -132,6 +135,7 @@ class RunConfig:
 
     algorithm: str = constrained("", help="registered algorithm name, e.g. grpo")
     env: str = constrained("", help="registered env id, e.g. household/train")
+    env_args: dict[str, Any] = constrained(default_factory=dict, help="the env's constructor options, e.g. num_tasks: 4")
     seed: int = 0
     output_dir: str = "runs/run"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -139,6 +143,20 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     algo: dict[str, Any] = constrained(default_factory=dict, help="the algorithm's own section (its config class checks it)")
+
+    @staticmethod
+    def normalise_mapping(data: Mapping[str, Any]) -> dict[str, Any]:
+        """Files may write the env as a section, ``env: {id: household/train, args: {num_tasks: 4}}``."""
+        data = dict(data)
+        env = data.get("env")
+        if isinstance(env, Mapping):
+            unknown = sorted(set(env) - {"id", "args"})
+            if unknown or "id" not in env:
+                raise ConfigError(f"section 'env' takes 'id' (the env id) and 'args' (constructor options); got {sorted(env)}")
+            if "env_args" in data:
+                raise ConfigError("give the env's constructor options once: in env.args or in env_args, not both")
+            data["env"], data["env_args"] = env["id"], dict(env.get("args") or {})
+        return data
 
     def algo_config(self, config_cls: type[T]) -> T:
         """This run's ``algo`` section as the algorithm's own config dataclass (errors say ``algo.<key>``)."""
@@ -297,6 +315,8 @@ def dataclass_from_dict(cls: type[T], data: Mapping[str, Any] | None, *, path: s
     if not isinstance(data, Mapping):
         where = f"section '{path}'" if path else "the config"
         raise ConfigError(f"{where} must be a mapping of keys to values, got {type(data).__name__}: {data!r}")
+    if hasattr(cls, "normalise_mapping"):
+        data = cls.normalise_mapping(data)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = _hints(cls)
     for name in data:

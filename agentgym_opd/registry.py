@@ -10,6 +10,11 @@ bare module that registers on import. The core never imports a plugin by name.
 Environment specs are also registered in gymnasium's own registry, so `gymnasium.make("household/
 valid_unseen")` works too (with gymnasium's checker and order wrappers). `agentgym_opd.make` returns the
 bare env: `TextEnv` already enforces reset-before-step and its own turn limit.
+
+An env id also carries its *protocol*: the action parser (a name in `agentgym_opd.action_parsing.PARSERS`
+or "module:function") and the system prompt that follow the benchmark's own answer format.
+`env_protocol(id)` returns them; run configs (`rollout.action_parser`, `rollout.system_prompt`) and
+`agentgym-opd eval` flags override them, and result records state which were used.
 """
 
 from __future__ import annotations
@@ -65,6 +70,17 @@ class Spec:
     entry_point: str | Callable[..., Any]
     defaults: dict[str, Any] = field(default_factory=dict)
     description: str = ""
+    action_parser: str = "text"
+    # the text, or a zero-argument callable returning it (a family whose prompt lives in a heavy module)
+    system_prompt: str | Callable[[], str] | None = None
+
+
+@dataclass(frozen=True)
+class EnvProtocol:
+    """How a model talks to an env: which parser reads its replies, which system prompt it sees."""
+
+    action_parser: str
+    system_prompt: str | None
 
 
 def load_entry_point(entry_point: str | Callable[..., Any]) -> Callable[..., Any]:
@@ -99,6 +115,8 @@ class Registry:
         *,
         description: str = "",
         override: bool = False,
+        action_parser: str = "text",
+        system_prompt: str | Callable[[], str] | None = None,
         **defaults: Any,
     ) -> Spec:
         if not isinstance(id, str) or not id:
@@ -110,7 +128,7 @@ class Registry:
                     f"{self.kind} id {id!r} is already registered to {old.entry_point!r}; "
                     "pick another id or pass override=True"
                 )
-            spec = Spec(id, entry_point, dict(defaults), description)
+            spec = Spec(id, entry_point, dict(defaults), description, action_parser, system_prompt)
             self._specs[id] = spec
         self._on_register(spec)
         return spec
@@ -191,6 +209,15 @@ class EnvRegistry(Registry):
         return env
 
 
+    def protocol(self, id: str, *, action_parser: str | None = None, system_prompt: str | None = None) -> EnvProtocol:
+        """The env's registered parser and prompt, each replaced by the caller's when given ("" = no prompt)."""
+        spec = self.spec(id)
+        prompt = system_prompt
+        if prompt is None:
+            prompt = spec.system_prompt() if callable(spec.system_prompt) else spec.system_prompt
+        return EnvProtocol(action_parser or spec.action_parser, prompt or None)
+
+
 env_registry = EnvRegistry("env", ENV_GROUP)
 algorithm_registry = Registry("algorithm", ALGO_GROUP)
 
@@ -198,6 +225,10 @@ register = env_registry.register
 make = env_registry.make
 register_algorithm = algorithm_registry.register
 make_algorithm = algorithm_registry.make
+
+
+def env_protocol(id: str, *, action_parser: str | None = None, system_prompt: str | None = None) -> EnvProtocol:
+    return env_registry.protocol(id, action_parser=action_parser, system_prompt=system_prompt)
 
 
 def list_envs() -> list[Spec]:

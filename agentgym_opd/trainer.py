@@ -36,15 +36,17 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from agentgym_opd.action_parsing import ONE_ACTION_PROMPT
 from agentgym_opd.algorithm import Algorithm
 from agentgym_opd.config import RunConfig, save_config
 from agentgym_opd.policy.base import SamplingParams
+from agentgym_opd.policy.loading import load_student, model_path, resolve_device  # noqa: F401 (re-exported)
 from agentgym_opd.profiling import PhaseMeter, metering
 from agentgym_opd import distributed as D
 from agentgym_opd.registry import algorithm_registry, load_entry_point, make
 from agentgym_opd.rollout import RolloutBatch, RolloutEngine
 
-DEFAULT_SYSTEM_PROMPT = "You are an agent in a text environment. Reply with exactly one action per turn."
+DEFAULT_SYSTEM_PROMPT = ONE_ACTION_PROMPT  # the prompt of checkpoints saved before prompts were config keys
 TINY_STUDENT = "tiny"  # `--student tiny`: the offline tiny model (built once into the cache)
 
 
@@ -56,29 +58,20 @@ def algorithm_class(name: str) -> type[Algorithm]:
     return cls
 
 
-def resolve_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
+def resolve_protocol(config: RunConfig, *, action_parser: str | None = None, system_prompt: str | None = None,
+                     env_args: dict[str, Any] | None = None) -> RunConfig:
+    """The config with ``rollout.action_parser`` / ``rollout.system_prompt`` filled in from the env family's
+    registered protocol where unset (arguments win over the config), and ``env_args`` merged in, so the
+    saved config says exactly what the run used ('' = no system prompt)."""
+    import dataclasses
 
+    from agentgym_opd.registry import env_protocol
 
-def load_policy(path: str | None, config: RunConfig, *, trainable: bool) -> Any:
-    """An HFPolicy from a local path (``"tiny"`` = the offline tiny model); LoRA on the student if configured."""
-    from agentgym_opd.policy.hf import HFPolicy, LoraConfig
-
-    if not path:
-        raise ValueError("no student model: pass --student PATH (or model.student=PATH; 'tiny' for the offline tiny model)")
-    if path == TINY_STUDENT:
-        from agentgym_opd.policy.tiny import default_tiny_model
-
-        path = str(default_tiny_model())
-    m = config.model
-    lora = LoraConfig(r=m.lora_rank, alpha=int(m.lora_alpha), dropout=m.lora_dropout) if trainable and m.lora_rank > 0 else None
-    kwargs = {"gguf_file": m.gguf_file} if m.gguf_file else {}
-    policy = HFPolicy.from_pretrained(path, dtype=m.dtype, lora=lora, device=resolve_device(m.device), **kwargs)
-    if not trainable:
-        policy.model.requires_grad_(False)
-    return policy
+    r = config.rollout
+    protocol = env_protocol(config.env, action_parser=action_parser or r.action_parser,
+                            system_prompt=system_prompt if system_prompt is not None else r.system_prompt)
+    rollout = dataclasses.replace(r, action_parser=protocol.action_parser, system_prompt=protocol.system_prompt or "")
+    return dataclasses.replace(config, rollout=rollout, env_args={**config.env_args, **(env_args or {})})
 
 
 def make_vllm_engine(config: RunConfig) -> Any:
@@ -89,7 +82,7 @@ def make_vllm_engine(config: RunConfig) -> Any:
     m = config.model
     if m.lora_rank and config.train.strategy == "fsdp":
         raise ValueError("model.backend=vllm with LoRA under FSDP is not supported: use train.strategy=ddp or full weights")
-    return _vllm_policy(m.student, config, "model.backend=vllm")
+    return _vllm_policy(model_path(m.student or ""), config, "model.backend=vllm")
 
 
 def _vllm_policy(path: str | None, config: RunConfig, what: str, max_logprobs: int | None = None) -> Any:
@@ -116,14 +109,14 @@ def load_teacher(config: RunConfig, algo_config: Any) -> Any:
             raise ValueError(f"model.teacher_backend={m.teacher_backend} needs a separate teacher: pass --teacher PATH")
         return None
     if m.teacher_backend == "hf":
-        return load_policy(m.teacher, config, trainable=False)
+        return load_student(m.teacher, m, trainable=False)
     top_m = int(getattr(algo_config, "top_m", 0) or 0)
     sampled = getattr(algo_config, "estimator", "full") == "sampled"
     if not sampled and (top_m == 0 or getattr(algo_config, "top_m_support", "teacher") != "teacher"):
         raise ValueError("model.teacher_backend=vllm serves the log-probs of the student's ids and the teacher's "
                          "own top-M, not full logits: set algo.top_m=M (e.g. 64) with algo.top_m_support=teacher, "
                          "or algo.estimator=sampled, or use model.teacher_backend=hf")
-    return _vllm_policy(m.teacher, config, "model.teacher_backend=vllm", max_logprobs=top_m)
+    return _vllm_policy(model_path(m.teacher), config, "model.teacher_backend=vllm", max_logprobs=top_m)
 
 
 def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
@@ -140,12 +133,15 @@ class Trainer:
     """Runs one configured training run (see the module docstring); ``train()`` returns the last metrics."""
 
     def __init__(self, config: RunConfig, *, env_overrides: dict[str, Any] | None = None,
-                 eval_env_overrides: dict[str, Any] | None = None, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
-                 action_parser: Any = "text", progress: bool = True):
+                 eval_env_overrides: dict[str, Any] | None = None, system_prompt: str | None = None,
+                 action_parser: Any = None, progress: bool = True):
         if not config.algorithm:
             raise ValueError("no algorithm: pass --algo NAME (`agentgym-opd algos` lists them)")
         if not config.env:
             raise ValueError("no environment: pass --env ID (`agentgym-opd envs` lists them)")
+        # the protocol (parser, prompt) and env options are resolved once and saved with every checkpoint
+        config = resolve_protocol(config, action_parser=action_parser if isinstance(action_parser, str) else None,
+                                  system_prompt=system_prompt, env_args=env_overrides)
         self.algo_cls = algorithm_class(config.algorithm)
         algo_config = config.algo_config(self.algo_cls.Config)
         if self.algo_cls.needs_groups and config.rollout.group_size < 2:
@@ -161,10 +157,10 @@ class Trainer:
         self.output_dir = Path(config.output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.progress = progress
-        self.env_overrides = {"max_turns": config.rollout.max_turns, **(env_overrides or {})}
-        self.eval_env_overrides = {"max_turns": config.rollout.max_turns, **(eval_env_overrides or env_overrides or {})}
+        self.env_overrides = {"max_turns": config.rollout.max_turns, **config.env_args}
+        self.eval_env_overrides = {"max_turns": config.rollout.max_turns, **(eval_env_overrides or config.env_args)}
         torch.manual_seed(config.seed)
-        self.student = load_policy(config.model.student, config, trainable=True)
+        self.student = load_student(config.model.student, config.model, trainable=True)
         self.teacher = load_teacher(config, algo_config)
         t = config.train
         params = [p for p in self.student.model.parameters() if p.requires_grad]
@@ -183,16 +179,18 @@ class Trainer:
         r = config.rollout
         # a sharded FSDP network cannot generate (each forward is a collective; ranks generate different
         # lengths): it keeps an unsharded copy, refreshed after every update, for rollouts and saving
-        self.rollout_copy = (load_policy(config.model.student, config, trainable=False)
+        self.rollout_copy = (load_student(config.model.student, config.model, trainable=False)
                              if D.is_fsdp(self.algorithm.model) else None)
         self.vllm = make_vllm_engine(config) if config.model.backend == "vllm" else None
         rollout_policy = self.vllm or self.rollout_copy or self.student
         self.engine = RolloutEngine(
             rollout_policy, SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p),
-            max_context_tokens=config.model.max_seq_len, system_prompt=system_prompt, action_parser=action_parser)
+            max_context_tokens=config.model.max_seq_len, system_prompt=r.system_prompt or None,
+            action_parser=action_parser if callable(action_parser) else r.action_parser)
         self.eval_engine = RolloutEngine(
             rollout_policy, SamplingParams(max_new_tokens=r.max_new_tokens, temperature=config.eval.temperature),
-            max_context_tokens=config.model.max_seq_len, system_prompt=system_prompt, action_parser=action_parser)
+            max_context_tokens=config.model.max_seq_len, system_prompt=self.engine.system_prompt,
+            action_parser=self.engine.parse)
         self.group_size = r.group_size if self.algo_cls.needs_groups else 1
         self.envs = [make(config.env, **self.env_overrides) for _ in range(r.tasks_per_step * self.group_size)]
         self.task_ids = self.envs[0].task_ids()
@@ -269,15 +267,19 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Greedy (``eval.temperature``) success rate on the eval env's first ``eval.episodes`` tasks."""
+        from agentgym_opd.playing import play_tasks
+
         env_id = self.config.eval.env or self.config.env
-        env = make(env_id, **self.eval_env_overrides)
-        tasks = env.task_ids()[: self.config.eval.episodes]
-        envs = [env] + [make(env_id, **self.eval_env_overrides) for _ in tasks[1:]]
-        batch = self.eval_engine.collect(envs, tasks, seed=self.config.eval.seed)
-        n = len(batch.episodes)
-        self.last_eval = {"success": sum(e.success for e in batch.episodes) / n,
-                          "score": sum(e.score for e in batch.episodes) / n,
-                          "turns": sum(e.num_turns for e in batch.episodes) / n, "episodes": float(n)}
+        probe = make(env_id, **self.eval_env_overrides)
+        tasks = probe.task_ids()[: self.config.eval.episodes]
+        probe.close()
+        e = self.eval_engine
+        episodes = play_tasks(e.policy, env_id, tasks, sampling=e.sampling, action_parser=e.parse,
+                              system_prompt=e.system_prompt, seed=self.config.eval.seed, batch_size=len(tasks),
+                              max_context_tokens=e.max_context_tokens, env_kwargs=self.eval_env_overrides)
+        n = len(episodes)
+        self.last_eval = {"success": sum(e.success for e in episodes) / n, "score": sum(e.score for e in episodes) / n,
+                          "turns": sum(e.num_turns for e in episodes) / n, "episodes": float(n)}
         return self.last_eval
 
     def _log(self, record: dict[str, Any]) -> None:

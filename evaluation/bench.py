@@ -529,22 +529,23 @@ def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_ar
     ``eval_episodes``), so the ``train`` row, the curve's point 0 and a training-time ``eval/success``
     mean the same thing. Other splits: the runner's evenly spaced subset, spread over task types.
     """
+    from agentgym_opd.playing import play_tasks
     from agentgym_opd.policy.base import SamplingParams
-    from agentgym_opd.registry import make
-    from agentgym_opd.rollout import RolloutEngine
-    from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
+    from agentgym_opd.registry import env_protocol, make
     from evaluation.runner import select_tasks
 
     started = time.perf_counter()
     overrides = {"max_turns": settings.max_turns, **env_args}
     probe = make(env_id, **overrides)
     ids = probe.task_ids()
+    probe.close()
     tasks = ids[: settings.eval_episodes] if env_id == settings.env else select_tasks(ids, settings.eval_episodes)
-    envs = [probe] + [make(env_id, **overrides) for _ in tasks[1:]]
-    engine = RolloutEngine(policy, SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=0.0),
-                           system_prompt=DEFAULT_SYSTEM_PROMPT, action_parser="text")
-    batch = engine.collect(envs, tasks, seed=settings.eval_seed)
-    return list(batch.episodes), time.perf_counter() - started
+    protocol = env_protocol(env_id)  # what the trainer uses too (the family's default parser and prompt)
+    episodes = play_tasks(policy, env_id, tasks, sampling=SamplingParams(max_new_tokens=settings.max_new_tokens,
+                                                                         temperature=0.0),
+                          action_parser=protocol.action_parser, system_prompt=protocol.system_prompt,
+                          seed=settings.eval_seed, batch_size=len(tasks), max_context_tokens=4096, env_kwargs=overrides)
+    return episodes, time.perf_counter() - started
 
 
 def eval_env_args(env_id: str, settings: BenchSettings) -> dict[str, Any]:
@@ -554,9 +555,9 @@ def eval_env_args(env_id: str, settings: BenchSettings) -> dict[str, Any]:
 
 def load_frozen_policy(path: str, settings: BenchSettings) -> Any:
     from agentgym_opd.config import load_config
-    from agentgym_opd.trainer import load_policy
+    from agentgym_opd.policy.loading import load_student
 
-    return load_policy(path, load_config(None, [f"model.device={settings.device}"]), trainable=False)
+    return load_student(path, load_config(None, [f"model.device={settings.device}"]).model, trainable=False)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -135,15 +135,16 @@ def replay_traces(record: dict[str, Any], policy: Any, settings: Any, out: Path,
     """Traces of a published bench run: with the method's loss rebuilt from the checkpoints where its
     teacher is a kept checkpoint (:data:`TEACHER_FROM_CHECKPOINT`), tokens only otherwise."""
     from agentgym_opd.config import load_config
-    from agentgym_opd.trainer import algorithm_class, load_policy
+    from agentgym_opd.policy.loading import load_student
+    from agentgym_opd.trainer import algorithm_class
     from evaluation.bench import final_model_dir
 
     name = record["algorithm"]
     algorithm = None
     if name in TEACHER_FROM_CHECKPOINT:
         config = load_config(None, [f"model.device={settings.device}"])
-        student = load_policy(str(checkpoint_of(out, record)), config, trainable=True)
-        teacher = load_policy(str(final_model_dir(out / "teacher")), config, trainable=False)
+        student = load_student(str(checkpoint_of(out, record)), config.model, trainable=True)
+        teacher = load_student(str(final_model_dir(out / "teacher")), config.model, trainable=False)
         algorithm = algorithm_class(name)(record["algorithm_config"].get("algo") or {}, student, teacher)
     return bench_traces(policy, record["env_id"], settings, algorithm=algorithm, limit=limit, tasks=tasks)
 

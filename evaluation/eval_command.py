@@ -1,8 +1,9 @@
 """`agentgym-opd eval --policy NAME_OR_PATH --env ID [--episodes N] [--seeds S ...] [--out FILE] ...`.
 
-`--policy` is a scripted agent (`walkthrough`, `random`; `evaluation.runner`) or a model: `tiny`, a local
-HF folder, a trainer checkpoint or a run folder (`evaluation.policy_eval`). Both write the same record,
-one per seed. Bad input (a path that is no model, an unknown env id, an env with no tasks, impossible
+`--policy` is a scripted agent (`walkthrough`, `random`; `evaluation.runner`) or a model: `tiny`,
+`smollm2`, a local HF folder, a trainer checkpoint or a run folder (`evaluation.policy_eval`). Both write
+the same record, one per seed. A model's run shows episodes done with ETA and tokens/s, and with `--out`
+writes each episode's outcome (and the first `--transcripts` transcripts) beside the record as it goes. Bad input (a path that is no model, an unknown env id, an env with no tasks, impossible
 settings) prints one `error:` line and exits with code 2, without a traceback.
 """
 
@@ -13,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from evaluation.policy_eval import episodes_path
 from evaluation.runner import SCRIPTED_AGENTS
 
 HELP = "evaluate a policy on a registered env split and write a result record"
@@ -20,8 +22,9 @@ HELP = "evaluate a policy on a registered env split and write a result record"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", required=True,
-                        help=f"a scripted agent ({', '.join(sorted(SCRIPTED_AGENTS))}) or a model: 'tiny', a local "
-                             "HF model folder, a trainer checkpoint (<run>/checkpoints/step_N) or a run folder")
+                        help=f"a scripted agent ({', '.join(sorted(SCRIPTED_AGENTS))}) or a model: 'tiny', 'smollm2' "
+                             "(SmolLM2-135M-Instruct, offline), a local HF model folder, a trainer checkpoint "
+                             "(<run>/checkpoints/step_N) or a run folder")
     parser.add_argument("--env", required=True, help="registered env id, e.g. household/valid_unseen")
     parser.add_argument("--episodes", type=int, default=None, help="tasks to evaluate (default: the whole split)")
     parser.add_argument("--samples", type=int, default=1,
@@ -30,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     seeds.add_argument("--seeds", type=int, nargs="+", default=None, help="one record per seed (default: 0)")
     seeds.add_argument("--seed", type=int, default=None, help="a single seed (same as --seeds S)")
     parser.add_argument("--num-envs", type=int, default=None,
-                        help="envs stepped side by side (default: 8 for scripted agents, 32 for models)")
+                        help="envs stepped side by side (default: 8 for scripted agents; for models, as many as "
+                             "--memory-budget-gb allows)")
     parser.add_argument("--executor", choices=["local", "ray"], default="local",
                         help="where the envs run for scripted agents: in this process, or one per Ray actor")
     parser.add_argument("--max-turns", type=int, default=None, help="turn limit per episode (default: the env's)")
@@ -43,7 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--max-new-tokens", type=int, default=128, help="tokens per agent turn")
     model.add_argument("--max-context-tokens", type=int, default=None,
                        help="prompt + history budget (default: the checkpoint's model.max_seq_len, else 2048)")
-    model.add_argument("--action-parser", default="text", help="'text', 'json' or module:function")
+    model.add_argument("--action-parser", default=None,
+                       help="'text', 'json', 'code', 'tags' or module:function (default: the checkpoint's, else the "
+                            "env family's)")
+    model.add_argument("--system-prompt", default=None,
+                       help="system prompt text ('' = none; default: the checkpoint's, else the env family's)")
+    model.add_argument("--memory-budget-gb", type=float, default=2.0,
+                       help="memory the batch of episodes may use beside the weights (sizes the batch)")
+    model.add_argument("--transcripts", type=int, default=10, metavar="N",
+                       help="with --out: full transcripts of the first N episodes in FILE.episodes.jsonl")
     model.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', ... (HF backend)")
     model.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                        help="weights dtype (default: the checkpoint's, else float32)")
@@ -75,8 +87,10 @@ def _records(args: argparse.Namespace, seeds: list[int], env_kwargs: dict) -> li
     return evaluate_policy(args.env, args.policy, episodes=args.episodes, seeds=seeds, samples=args.samples,
                            temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                            max_turns=args.max_turns, max_context_tokens=args.max_context_tokens,
-                           action_parser=args.action_parser, backend=args.backend, device=args.device,
-                           dtype=args.dtype, num_envs=args.num_envs or 32, progress=not args.no_progress,
+                           action_parser=args.action_parser, system_prompt=args.system_prompt, backend=args.backend,
+                           device=args.device, dtype=args.dtype, num_envs=args.num_envs,
+                           memory_budget_gb=args.memory_budget_gb, progress=not args.no_progress,
+                           out_paths=out_paths(args.out, seeds) if args.out else None, transcripts=args.transcripts,
                            **env_kwargs)
 
 
@@ -99,20 +113,24 @@ def run(args: argparse.Namespace) -> int:
     except (UnknownIdError, UnknownTaskError, DataNotFoundError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)  # bad input: the message says what to do, no traceback
         return 2
+    except KeyboardInterrupt as stop:
+        print(f"interrupted: {str(stop) or 'no episode had finished, nothing written'}", file=sys.stderr)
+        return 130
     if args.out:
         for path, record in zip(out_paths(args.out, list(seeds)), records):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(record, indent=2) + "\n")
-            print(f"wrote {path}")
+            if args.policy in SCRIPTED_AGENTS:  # model runs wrote theirs as they went
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(record, indent=2) + "\n")
+            print(f"wrote {path}" + ("" if args.policy in SCRIPTED_AGENTS else f" and {episodes_path(path)}"))
     else:
         print(json.dumps(records[0] if len(records) == 1 else records, indent=2))
-    if args.policy not in SCRIPTED_AGENTS:  # the record schema has no field for it yet: say it here
-        print(f"protocol: backend={args.backend} temperature={args.temperature} top_p={args.top_p} "
-              f"samples={args.samples} max_new_tokens={args.max_new_tokens} max_turns={args.max_turns or 'env default'} "
-              f"action_parser={args.action_parser}", file=sys.stderr)
     for record in records:
+        speed = record.get("throughput")
         print(f"== {record['env_id']}  {record['algorithm']} / {record['student']}  seed {record['seed']}  "
-              f"n={record['n_episodes']}  {record['wall_time_s']:.1f}s", file=sys.stderr)
+              f"n={record['n_episodes']}  {record['wall_time_s']:.1f}s"
+              + (f"  {speed['tokens_per_s']:.1f} tokens/s" if speed else ""), file=sys.stderr)
+        if record.get("protocol"):
+            print("protocol: " + " ".join(f"{k}={v!r}" for k, v in record["protocol"].items()), file=sys.stderr)
         width = max(len(k) for k in record["metrics"])
         for name, m in record["metrics"].items():
             print(f"{name:<{width}}  {m['mean']:.3f} +- {m['stderr']:.3f}", file=sys.stderr)

@@ -17,11 +17,12 @@ A record is a JSON object. Schema version 1 (fields below the line are optional)
 | `created` | str | ISO-8601 time the record was written |
 | `curve` | list of {"rollouts": int, "success_rate": float} | training curve (success against rollout budget) |
 | `training` | optional {name: number} | diagnostics of the training run behind the record: `judge_defaulted_share` (SAGE-OPD: share of judged turns whose verdict was unreadable and defaulted; a warning is printed above `DEFAULTED_WARN_SHARE`) |
-| `protocol` | {name: str/number/bool/null} | how it was evaluated (temperature, samples, max_new_tokens, max_turns, backend, action_parser); records with different protocols are different leaderboard rows |
+| `protocol` | {name: str/number/bool/null} | how it was evaluated (temperature, samples, max_new_tokens, max_turns, backend, action_parser, system_prompt; `partial: true` for an interrupted run); records with different protocols are different leaderboard rows |
 | `budget` | {"rollout_episodes": int, "tokens": int or null} | training spent: rollout episodes and agent tokens generated |
 | `origin` | "original" or "reproduced" | a first result, or a rerun of a published one (absent: original) |
 | `provenance` | object, see `evaluation.provenance` | package versions, task-set hash, chat-template hash, weights hash, full command, seeds |
 | `episodes` | list of episode traces, see `evaluation.episode_trace` | a few evaluation episodes, turn by turn, with per-token divergences for distillation methods |
+| `throughput` | optional {"agent_tokens": int, "tokens_per_s": number} | tokens the policy generated, and per second of wall time |
 
 Every field is bounded (a record is at most ``MAX_RECORD_BYTES`` of JSON, ``MAX_METRICS`` metrics, names at
 most ``MAX_NAME_CHARS`` printable characters, seeds 64-bit), because records come from third parties and
@@ -191,6 +192,9 @@ FIELDS: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "episodes": (False, _lazy("evaluation.episode_trace:check_episodes")),
     "training": (False, lambda v: None if isinstance(v, dict) and len(v) <= MAX_METRICS and all(_printable_name(k) and _is_number(x) for k, x in v.items())
                  else f"must be an object {{name: number}}, got {v!r:.200}"),
+    "throughput": (False, lambda v: None if isinstance(v, dict) and set(v) == {"agent_tokens", "tokens_per_s"}
+                   and isinstance(v["agent_tokens"], int) and 0 <= v["agent_tokens"] < SEED_LIMIT and _is_number(v["tokens_per_s"])
+                   and 0 <= v["tokens_per_s"] <= 1e12 else f"must be {{'agent_tokens': int >= 0, 'tokens_per_s': number >= 0}}, got {v!r:.200}"),
 }
 
 DEFAULTED_WARN_SHARE = 0.2
@@ -223,7 +227,10 @@ def protocol_label(record: dict[str, Any], *, short: bool = False) -> str:
     ``short`` drops the entries equal to the eval defaults, for tables."""
     protocol = record.get("protocol") or {}
     keys = [k for k in sorted(protocol) if not (short and k in PROTOCOL_DEFAULTS and protocol[k] == PROTOCOL_DEFAULTS[k])]
-    return " ".join(f"{k}={protocol[k]}" for k in keys)
+    shown = {k: str(protocol[k]) for k in keys}
+    if short and isinstance(protocol.get("system_prompt"), str):  # a paragraph: a table shows its fingerprint
+        shown["system_prompt"] = "#" + hashlib.sha256(protocol["system_prompt"].encode()).hexdigest()[:6]
+    return " ".join(f"{k}={shown[k]}" for k in keys)
 
 
 def validate_record(record: Any) -> dict[str, Any]:

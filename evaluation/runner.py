@@ -99,6 +99,7 @@ def make_record(
     curve: list[dict] | None = None,
     k_values: Sequence[int] = (1, 5, 10),
     protocol: dict[str, Any] | None = None,
+    throughput: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A validated record of `episodes`; `k_values` are the pass@k reported where the sample count allows."""
     record = {
@@ -120,7 +121,39 @@ def make_record(
         record["curve"] = curve
     if protocol:
         record["protocol"] = dict(protocol)
+    if throughput:
+        record["throughput"] = dict(throughput)
     return validate_record(record)
+
+
+_TEXT_BOUND = 4000  # characters of one action / observation kept in a transcript (agent text is unbounded)
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= _TEXT_BOUND else text[:_TEXT_BOUND] + f"... [{len(text) - _TEXT_BOUND} more characters]"
+
+
+def episode_line(episode: Episode, index: int, *, transcript: bool, tokenizer: Any = None) -> dict[str, Any]:
+    """One JSON line of an evaluation's episode file: its outcome, and with `transcript` every turn (the
+    model's raw reply where a tokenizer can decode it, the action taken, the env's answer, the error)."""
+    line: dict[str, Any] = {
+        "index": index, "task_id": episode.task.id, "success": bool(episode.success), "score": float(episode.score),
+        "return": episode.return_, "turns": episode.num_turns,
+        "errors": [e.kind for e in episode.errors()],
+        "agent_tokens": sum(len(t.action_token_ids) for t in episode.turns),
+        "context_truncated": bool(episode.metadata.get("context_truncated", False)),
+        "rollout_seed": episode.metadata.get("rollout_seed"),
+    }
+    if transcript:
+        turns = []
+        for t in episode.turns:
+            turn: dict[str, Any] = {"action": _bounded(t.action), "observation": _bounded(t.observation),
+                                    "reward": t.reward, "error": t.error.to_dict() if t.error else None}
+            if tokenizer is not None and t.action_token_ids:
+                turn["reply"] = _bounded(tokenizer.decode(t.action_token_ids, skip_special_tokens=True))
+            turns.append(turn)
+        line["transcript"] = {"first_observation": _bounded(episode.initial_observation), "turns": turns}
+    return line
 
 
 def evaluate_scripted(env_id: str, agent: str, *, episodes: int | None = None, samples_per_task: int = 1,

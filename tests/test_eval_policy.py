@@ -7,6 +7,7 @@ record says, that seeds reproduce, and that bad input is refused with exit code 
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -18,8 +19,8 @@ from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.registry import make, register
 from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT, Trainer
 from evaluation.leaderboard import Leaderboard
-from evaluation.policy_eval import (EvalSetupError, evaluate_policy, load_policy, resolve_action_parser,
-                                    resolve_policy, run_policy_episodes)
+from agentgym_opd.playing import play_tasks
+from evaluation.policy_eval import EvalSetupError, evaluate_policy, load_policy, resolve_action_parser, resolve_policy
 from evaluation.records import validate_record
 
 ENV = "household/valid_unseen"
@@ -45,7 +46,8 @@ def _train(tmp_path, name: str, *overrides: str) -> Trainer:
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory):
     """A real SFT run (2 steps on the tiny model) with a non-default algorithm knob, checkpointed at the end."""
-    return _train(tmp_path_factory.mktemp("runs"), "sft", "algo.aggregation=seq_mean_token_mean")
+    return _train(tmp_path_factory.mktemp("runs"), "sft", "algo.aggregation=seq_mean_token_mean",
+                  "rollout.system_prompt=Act now.")
 
 
 def test_tiny_model_record_is_valid_and_uses_the_trainer_prompt():
@@ -63,10 +65,11 @@ def test_episodes_are_batched_reproducible_and_independent_of_chunking():
     policy = load_policy(resolve_policy("tiny"), device="cpu")
     tasks = make(ENV).task_ids()[:2]
     run = dict(samples=2, sampling=SamplingParams(max_new_tokens=8, temperature=1.0),
-               action_parser=resolve_action_parser(FIRST_LINE), system_prompt=DEFAULT_SYSTEM_PROMPT, max_turns=2)
-    wide = run_policy_episodes(policy, ENV, tasks, seed=5, num_envs=4, **run)   # one chunk of 4 envs
-    narrow = run_policy_episodes(policy, ENV, tasks, seed=5, num_envs=2, **run)  # two chunks of 2
-    other = run_policy_episodes(policy, ENV, tasks, seed=6, num_envs=4, **run)
+               action_parser=resolve_action_parser(FIRST_LINE), system_prompt=DEFAULT_SYSTEM_PROMPT,
+               env_kwargs={"max_turns": 2})
+    wide = play_tasks(policy, ENV, tasks, seed=5_000_000, batch_size=4, **run)   # one batch of 4 envs
+    narrow = play_tasks(policy, ENV, tasks, seed=5_000_000, batch_size=2, **run)  # two batches of 2
+    other = play_tasks(policy, ENV, tasks, seed=6_000_000, batch_size=4, **run)
     assert [e.task.id for e in wide] == [tasks[0], tasks[0], tasks[1], tasks[1]]
     assert [e.metadata["rollout_seed"] for e in narrow] == [5_000_000 + k for k in range(4)]
     assert all(e.metadata["first_prompt"][0] == {"role": "system", "content": DEFAULT_SYSTEM_PROMPT} for e in wide)
@@ -98,6 +101,7 @@ def test_checkpoint_and_run_folder_load_the_trained_weights_and_name_the_algorit
     (record,) = evaluate_policy(ENV, str(sft_run.output_dir), **FAST)
     assert (record["algorithm"], record["student"], record["teacher"]) == ("sft", "tiny", None)
     assert record["algorithm_config"] == {"aggregation": "seq_mean_token_mean", "context_fraction": 0.0}
+    assert (record["protocol"]["action_parser"], record["protocol"]["system_prompt"]) == ("text", "Act now.")  # as trained
     validate_record(record)
 
 
@@ -128,7 +132,14 @@ def test_cli_writes_one_record_per_seed_that_the_leaderboard_groups(tmp_path, ca
     for p in paths:
         board.add(p)
     board.build()
-    assert f"| {ENV} | base [max_new_tokens=8 max_turns=2] | tiny | - | 0,1 | 4 |" in (tmp_path / "lb" / "LEADERBOARD.md").read_text()
+    prompt = "#" + hashlib.sha256(DEFAULT_SYSTEM_PROMPT.encode()).hexdigest()[:6]  # the family's prompt, by fingerprint
+    assert (f"| {ENV} | base [max_new_tokens=8 max_turns=2 system_prompt={prompt}] | tiny | - | 0,1 | 4 |"
+            in (tmp_path / "lb" / "LEADERBOARD.md").read_text())
+    assert records[0]["protocol"]["system_prompt"] == DEFAULT_SYSTEM_PROMPT and records[0]["throughput"]["agent_tokens"] > 0
+    lines = [json.loads(line) for line in (tmp_path / "rec.seed0.episodes.jsonl").read_text().splitlines()]
+    assert [line["index"] for line in lines] == [0, 1] and all(line["turns"] == 2 for line in lines)
+    turn = lines[0]["transcript"]["turns"][0]
+    assert turn["error"]["kind"] == "parse_error" and turn["reply"] and turn["observation"] == turn["error"]["message"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -156,3 +167,51 @@ def test_bad_input_is_a_clear_error_with_exit_code_2(tmp_path, capsys, argv, mes
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: ") and message in err, err
     assert "Traceback" not in err
+
+
+_CALLS = {"n": 0}
+
+
+def interrupt_on_third_reply(text: str, finish_reason: str):
+    """A parser that stands in for Ctrl-C: the third reply of the run raises KeyboardInterrupt."""
+    _CALLS["n"] += 1
+    if _CALLS["n"] == 3:
+        raise KeyboardInterrupt
+    return "look", None
+
+
+def test_an_interrupted_run_keeps_the_finished_episodes_as_a_partial_record(tmp_path):
+    _CALLS["n"] = 0
+    out = tmp_path / "rec.json"
+    with pytest.raises(KeyboardInterrupt, match="after 1 episodes"):
+        evaluate_policy(ENV, "tiny", out_paths=[out], action_parser="test_eval_policy:interrupt_on_third_reply",
+                        **dict(FAST, num_envs=1))  # batches of one episode: 2 turns each
+    record = validate_record(json.loads(out.read_text()))
+    assert record["n_episodes"] == 1 and record["protocol"]["partial"] is True
+    (line,) = [json.loads(x) for x in (tmp_path / "rec.episodes.jsonl").read_text().splitlines()]
+    assert line["turns"] == 2 and [t["action"] for t in line["transcript"]["turns"]] == ["look", "look"]
+
+
+def test_batches_reach_the_caller_as_they_finish_and_the_batch_fits_the_memory_budget():
+    policy = load_policy(resolve_policy("tiny"), device="cpu")
+    seen: list[int] = []
+    tasks = make(ENV).task_ids()[:3]
+    episodes = play_tasks(policy, ENV, tasks, sampling=SamplingParams(max_new_tokens=4, temperature=0.0),
+                          action_parser=resolve_action_parser(FIRST_LINE), system_prompt=None, batch_size=2,
+                          env_kwargs={"max_turns": 1}, on_batch=lambda batch: seen.append(len(batch)))
+    assert seen == [2, 1] and [e.task.id for e in episodes] == tasks
+    from agentgym_opd.playing import rows_for_memory
+
+    weights = sum(p.numel() * p.element_size() for p in policy.model.parameters())
+    small, large = (rows_for_memory(policy, 512, weights + mb * 2**20) for mb in (1, 4096))
+    assert small == 1 and large > 8  # at least one row; more memory, more rows side by side
+    assert rows_for_memory(policy, 2048, weights + 4096 * 2**20) < large  # longer contexts, fewer rows
+
+
+def test_smollm2_is_a_policy_name():
+    from agentgym_opd.policy.loading import NAMED_MODELS, model_path
+
+    assert set(NAMED_MODELS) == {"tiny", "smollm2"}
+    source = resolve_policy("smollm2")  # converts once into the cache on first use
+    assert source.student == "smollm2" and (source.model_dir / "config.json").is_file()
+    assert model_path("smollm2") == str(source.model_dir) and model_path("some/folder") == "some/folder"

@@ -105,7 +105,8 @@ def test_malformed_outputs_become_step_errors_not_exceptions(policy):
     assert parse_text_action("   \n ", "stop")[1].kind == "parse_error"  # no action
     assert parse_text_action("I think.\nAction: open fridge 1", "stop") == ("open fridge 1", None)
     assert parse_json_action('{"name": "search", "arguments": {"q": 1}', "stop")[1].kind == "parse_error"
-    assert parse_json_action("<tool_call>{}", "stop")[1].message.startswith("Unterminated tool call")
+    assert parse_json_action('<tool_call>{"name": "f"', "stop")[1].message.startswith("Unterminated tool call")
+    assert parse_json_action('<tool_call>{"name": "f", "arguments": {}}', "stop")[0] == '{"name": "f", "arguments": {}}'
     assert parse_json_action('{"name": "f", "arguments": {}}', "stop") == ('{"name": "f", "arguments": {}}', None)
 
 

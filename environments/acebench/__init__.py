@@ -17,4 +17,5 @@ def register_envs() -> None:
             entry_point="environments.acebench.env:AceBenchEnv",
             description=f"ACEBench (en) {category}: API call generation, AST match against possible answers",
             category=category,
+            action_parser="json",  # the first observation states ACEBench's own call format
         )

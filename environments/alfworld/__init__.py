@@ -18,13 +18,14 @@ TASK_TYPES = {
 
 
 def register_envs() -> None:
+    from agentgym_opd.action_parsing import ONE_ACTION_PROMPT
     from agentgym_opd.registry import register
 
     entry = "environments.alfworld.env:AlfWorldEnv"
     for split in SPLITS:
-        register(f"alfworld/{split}", entry_point=entry, description=f"ALFWorld {split} games (all six task types)",
+        register(f"alfworld/{split}", entry_point=entry, action_parser="text", system_prompt=ONE_ACTION_PROMPT, description=f"ALFWorld {split} games (all six task types)",
                  split=split)
         for short in TASK_TYPES:
-            register(f"alfworld/{split}-{short}", entry_point=entry,
+            register(f"alfworld/{split}-{short}", entry_point=entry, action_parser="text", system_prompt=ONE_ACTION_PROMPT,
                      description=f"ALFWorld {split} games of task type {TASK_TYPES[short]}",
                      split=split, task_types=(short,))

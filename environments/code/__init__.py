@@ -13,10 +13,10 @@ def register_envs() -> None:
 
     entry = "environments.code.env:CodeEnv"
     register("code/humaneval", entry_point=entry, description="HumanEval (164 problems), sandboxed unit tests, revise on failure",
-             dataset="humaneval", split="test")
+             dataset="humaneval", split="test", action_parser="code")
     register("code/humanevalplus", entry_point=entry, description="HumanEval+ (EvalPlus: base + plus inputs vs. the canonical solution)",
-             dataset="humanevalplus", split="test")
+             dataset="humanevalplus", split="test", action_parser="code")
     register("code/mbpp", entry_point=entry, description="MBPP (974 problems; splits test/train/validation/prompt), sandboxed asserts",
-             dataset="mbpp", split="test")
+             dataset="mbpp", split="test", action_parser="code")
     register("code/mbpp_sanitized", entry_point=entry, description="sanitized MBPP (427 problems; the standard id splits)",
-             dataset="mbpp_sanitized", split="test")
+             dataset="mbpp_sanitized", split="test", action_parser="code")

@@ -21,13 +21,15 @@ TASK_TYPES = (
 
 
 def register_envs() -> None:
+    from agentgym_opd.action_parsing import ONE_ACTION_PROMPT
     from agentgym_opd.registry import register
 
     entry = "environments.household.env:HouseholdEnv"
     for split in SPLITS:
-        register(f"household/{split}", entry_point=entry,
+        register(f"household/{split}", entry_point=entry, action_parser="text", system_prompt=ONE_ACTION_PROMPT,
                  description=f"household world (ALFWorld-like), {split}: six task types", split=split)
         for task_type in TASK_TYPES:
-            register(f"household/{split}-{task_type}", entry_point=entry,
+            register(f"household/{split}-{task_type}", entry_point=entry, action_parser="text",
+                     system_prompt=ONE_ACTION_PROMPT,
                      description=f"household world (ALFWorld-like), {split}, {task_type} only",
                      split=split, task_types=(task_type,))

@@ -19,6 +19,7 @@ TASK_NAMES = (
 
 
 def register_envs() -> None:
+    from agentgym_opd.action_parsing import ONE_ACTION_PROMPT
     from agentgym_opd.registry import register
 
     for name in TASK_NAMES:
@@ -27,4 +28,6 @@ def register_envs() -> None:
             entry_point="environments.scienceworld.env:ScienceWorldTextEnv",
             description=f"ScienceWorld task '{name}' (train/dev/test variations), score 0-100, gold path privileged",
             task_name=name,
+            action_parser="text",
+            system_prompt=ONE_ACTION_PROMPT,
         )

@@ -14,9 +14,9 @@ def register_envs() -> None:
 
     entry = "environments.searchqa.env:SearchQAEnv"
     register("searchqa/hotpotqa", entry_point=entry, description="HotpotQA (train split) with a search tool, EM/F1 scored",
-             dataset="hotpotqa", split="train")
+             dataset="hotpotqa", split="train", action_parser="tags")
     register("searchqa/hotpotqa_dev", entry_point=entry, description="HotpotQA (dev split) with a search tool, EM/F1 scored",
-             dataset="hotpotqa", split="dev")
+             dataset="hotpotqa", split="dev", action_parser="tags")
     register("searchqa/qa", entry_point=entry,
              description="any datasets QA set (qa_path=, answer_field=) over a JSONL passage corpus (corpus_path=)",
-             dataset="hf", split="train")
+             dataset="hf", split="train", action_parser="tags")

@@ -9,6 +9,7 @@ GAMES = ("twc", "cookingworld", "coin", "mapreader", "arithmetic", "sorting", "s
 
 
 def register_envs() -> None:
+    from agentgym_opd.action_parsing import ONE_ACTION_PROMPT
     from agentgym_opd.registry import register
 
     for game in GAMES:
@@ -17,4 +18,6 @@ def register_envs() -> None:
             entry_point="environments.textworld_express.env:TextWorldExpressTextEnv",
             description=f"TextWorldExpress '{game}' games (train/dev/test seed folds), gold path as privileged",
             game=game,
+            action_parser="text",
+            system_prompt=ONE_ACTION_PROMPT,
         )

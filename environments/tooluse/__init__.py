@@ -15,4 +15,4 @@ def register_envs() -> None:
     for split in SPLITS:
         register(f"tooluse/{split}", entry_point="environments.tooluse.env:ToolUseEnv",
                  description=f"embedded tool-use shop world, {split}: 1-4 dependent typed function calls",
-                 split=split)
+                 split=split, action_parser="json")  # the first observation states the call format

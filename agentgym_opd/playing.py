@@ -1,0 +1,82 @@
+"""Play a policy on an env's tasks: the one routine behind the trainer's evaluation, the bench and `eval`.
+
+Rollout k of a call (tasks in the given order, `samples` adjacent per task) uses rollout seed `seed + k`,
+whatever the batch size, so the numbers do not depend on how many envs run side by side; the same seed
+gives the same episodes again. Tasks are played in batches of `batch_size` episodes (one batched
+`generate` per turn over a batch); `on_batch` hears each finished batch, so a caller can report progress
+and save episodes as they come instead of losing them all to an interrupt.
+
+`rows_for_memory` sizes a batch to a memory budget from the model's shape: the weights, and per row the
+KV cache of a full context plus the prefill's activations and logits (counted for every position, an
+upper bound that stays safe whether or not the backend keeps only the last position's logits).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from agentgym_opd.action_parsing import ActionParser
+from agentgym_opd.policy.base import SamplingParams
+from agentgym_opd.registry import make
+from agentgym_opd.rollout import RolloutEngine
+from agentgym_opd.types import Episode
+
+
+def play_tasks(
+    policy: Any,
+    env_id: str,
+    task_ids: Sequence[str],
+    *,
+    sampling: SamplingParams,
+    action_parser: str | ActionParser,
+    system_prompt: str | None,
+    samples: int = 1,
+    seed: int = 0,
+    batch_size: int = 32,
+    max_context_tokens: int = 2048,
+    env_kwargs: dict[str, Any] | None = None,
+    on_batch: Callable[[list[Episode]], None] | None = None,
+) -> list[Episode]:
+    """Every task played `samples` times; episodes in task order, a task's samples adjacent."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, got {samples}")
+    engine = RolloutEngine(policy, sampling, max_context_tokens=max_context_tokens, system_prompt=system_prompt,
+                           action_parser=action_parser)
+    tasks_per_batch = max(1, batch_size // samples)
+    envs = [make(env_id, **(env_kwargs or {})) for _ in range(min(len(task_ids), tasks_per_batch) * samples)]
+    episodes: list[Episode] = []
+    try:
+        for start in range(0, len(task_ids), tasks_per_batch):
+            chunk = list(task_ids[start:start + tasks_per_batch])
+            batch = engine.collect(envs[: len(chunk) * samples], chunk, group_size=samples, seed=seed + start * samples)
+            episodes.extend(batch.episodes)
+            if on_batch is not None:
+                on_batch(list(batch.episodes))
+    finally:
+        for env in envs:
+            env.close()
+    return episodes
+
+
+def rows_for_memory(policy: Any, max_context_tokens: int, budget_bytes: int) -> int:
+    """How many episodes fit side by side in `budget_bytes` (at least 1; see the module docstring)."""
+    model = getattr(policy, "model", None)
+    config = getattr(model, "config", None)
+    if model is None or config is None:
+        return 32  # a backend that manages its own memory (vLLM)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    value_bytes = next(model.parameters()).element_size()
+    layers = int(getattr(config, "num_hidden_layers", 1))
+    hidden = int(getattr(config, "hidden_size", 1))
+    heads = int(getattr(config, "num_attention_heads", 1))
+    kv_heads = int(getattr(config, "num_key_value_heads", heads) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    intermediate = int(getattr(config, "intermediate_size", 4 * hidden))
+    vocab = int(getattr(config, "vocab_size", 32000))
+    kv = 2 * layers * kv_heads * head_dim * value_bytes
+    activations = (4 * hidden + 2 * intermediate) * value_bytes
+    logits = vocab * 4
+    per_row = max_context_tokens * (kv + activations + logits)
+    return max(1, int((budget_bytes - weights) // per_row))
