@@ -241,7 +241,7 @@ def train_on_examples(model: Any, examples: list[tuple[list[int], list[int]]], s
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimiser.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     model.eval()
     return losses
