@@ -13,42 +13,42 @@ NOTES (decisions where the brief was silent, and what remains)
   reported as rollout episodes (``budget = steps * episodes_per_step``).
 - Same hyper-parameters for every algorithm (lr 3e-4, temperature 0.5: the lead's measured OPD setting);
   per-algorithm changes go through ``--algo-set NAME:key=value`` (e.g. ``grpo:algo.kl_coef=0.01``).
-- The warm start and the teacher are SFT runs of the base student (the teacher: more steps), cached under
-  ``<out>/warm_start`` and ``<out>/teacher`` keyed by their settings (``bench_key.json``): a rerun with the
-  same settings reuses them, other settings retrain. Algorithm runs are never cached (so a rerun checks
-  reproducibility). The teacher is trained only when a selected algorithm ``needs_teacher`` (or --teacher).
-- Evaluation: greedy, on three splits: the training tasks themselves (``train``, where the training curve
-  is measured), the seen split and the unseen split of the env family (``valid_seen`` / ``valid_unseen``
-  where registered, else the first registered id of the family matching seen/unseen/valid/dev/test).
-  Tasks: the training env's first ``eval_episodes`` tasks (what the trainer's ``eval/success`` uses, so
-  the curve and the ``train`` row agree); other splits the runner's evenly spaced subset
-  (``evaluation.runner.select_tasks``); eval seed fixed. On the tiny student the seen/unseen rows are 0:
-  8 memorised training tasks do not generalise (measured: warm start 0.5 train, 0.0 seen, 0.0 unseen).
+- Warm start and teacher (default, household + the tiny student): the household base pair of
+  ``evaluation.base_models``, trained once on the observable expert's demonstrations of the whole train
+  split (with a share of prompts carrying a walkthrough, a successful sibling or failure feedback), cached
+  by its settings and built by the bench's first run (its build time is printed apart and left out of the
+  bench's wall time). The student is the smaller model, the teacher the larger one trained longer.
+  ``--base-models off`` (or another env or student) keeps the older path: SFT runs of the base student
+  cached under ``<out>/warm_start`` and ``<out>/teacher`` keyed by their settings (``bench_key.json``).
+  Algorithm runs are never cached (so a rerun checks reproducibility).
+- Rows beside the algorithms: ``warm_start``, ``warm_start+context`` (the same network with each task's
+  privileged context in its first prompt: whether self-teachers can carry signal) and ``teacher``.
+- Evaluation: greedy. Held-out splits (``valid_seen`` / ``valid_unseen`` where registered, else the first
+  registered id of the family matching seen/unseen/valid/dev/test): ``eval_episodes`` tasks per seed, each
+  seed its own block of the split (household generates as many tasks as needed), so 3 seeds x 100 episodes
+  give a pooled 95% interval of at most +-0.057. The references (greedy, no seed) are evaluated once on
+  the union. The ``train`` row: the training env's first ``train_eval_episodes`` tasks. Every cell has a
+  Wilson 95% interval over its pooled episodes (``evaluation.bench_stats``); the paired tables give each
+  method minus OPD and minus the warm start over the same (seed, task) episodes.
+- Curves: held-out success (the unseen split's first ``curve_episodes`` tasks, as the trainer evaluates)
+  against rollout episodes, ``eval_points`` in-training points plus point 0 (the warm start): 5 points.
 - Records: one per algorithm x split x seed (the leaderboard's identity includes the seed, and its build
   aggregates seeds: mean of the seed means, standard error across seeds); the bench's own ``summary.json``
   holds the same aggregate per algorithm x split. ``wall_time_s`` is the evaluation's wall time (as the
   schema says); training wall time, the seed list and the budget are in ``algorithm_config["bench"]``.
-  The training curve (success on the training tasks vs rollout episodes, point 0 = the warm start) is
-  attached to the ``train`` split's records. The warm start is the ``warm_start`` row, the teacher the
-  ``teacher`` row (greedy decoding has no seed: one record each).
+  The training curve is attached to the records of the split it was measured on (the unseen split with
+  base models, else ``train``). The references have one record each (greedy decoding has no seed).
 - The bench's leaderboard (``<out>/leaderboard``) is owned by the bench: a rerun replaces records of the
   same run identity. ``--publish`` adds to the repo's ``leaderboard/`` and never replaces: a duplicate is
   reported and skipped.
-- ``--quick``: 4 training tasks, 4 steps x 4 episodes, ONE seed, 4 episodes per split, warm start 60 /
-  teacher 120 SFT steps. Torch runs on one CPU thread by default (``--threads``): 10x faster than two
+- ``--quick``: 4 steps x 4 episodes, ONE seed, 12 episodes per held-out split, 4 on the training tasks and
+  per curve point (older path: 4 training tasks, 4 episodes per split, warm start 60 / teacher 120 SFT
+  steps, 8 turns). Torch runs on one CPU thread by default (``--threads``): 10x faster than two
   threads on the shared build machine (same greedy actions in that probe).
 - Exit codes: 0 ok, 1 an algorithm failed or the leaderboard build failed (results saved), 2 bad setup.
-- Measured on the shared 2-core build machine (load ~5-8): ``bench --quick`` (8 algorithms, 1 seed) 329 s;
-  the earlier full default with ``--seeds 1`` (8 algorithms, 320 episodes each) 2555 s (estimate printed: 2894 s);
-  train-task success: warm start 0.50, teacher 0.875, sft 0.875, opd 0.75, sage_opd 0.75, lopd 0.375,
-  opsd 0.375, grpo/sdpo/vpd 0.0 (lr 3e-4 collapses them: per-algorithm lr tuning is left to --algo-set).
-- Default budget (chosen by the lead for the ~15-minute target): 16 steps x 4 episodes (G=2) per run, 8
-  eval episodes per split, 2 curve points, 3 seeds. The bench's own estimate on the loaded build machine
-  is ~35 min (its per-episode costs were measured at load 5-8); an idle 2-core machine should take about
-  a third of that, not yet measured. The earlier default (40 steps x 8 episodes, 16 eval episodes) is
-  ``--steps 40 --episodes-per-step 8 --group-size 4 --eval-episodes 16``: ~2 h here for 3 seeds. The
-  bench prints its estimate before it starts and an ETA after each run. Per-algorithm tuned defaults
-  (an lr per method) are not chosen yet.
+- Cost and what was measured: see /work/notes/bench-readme.md (the household base pair and the bench's
+  default were measured on the shared 2-core build machine under heavy load; its per-episode constants
+  below are the older bench's and underestimate 30-turn household episodes).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class BenchSettings:
     teacher_steps: int = 200
     teacher_lr: float = 3e-3
     sft_tasks_per_step: int = 8
-    max_turns: int = 40  # the household observable expert needs up to 34
+    max_turns: int = 30  # the household observable expert finishes 98.7% of held-out tasks within 30 (mean 15)
     max_new_tokens: int = 16
     device: str = "auto"
     threads: int | None = 1  # torch CPU threads per process; None = torch's default (see run_bench)
