@@ -93,7 +93,8 @@ def test_initial_observation_is_alfworld_style_and_partial(envs):
     world = env.world
     closed = next(i for i, name in enumerate(world.r_names) if world.r_openable[i] and not world.r_open[i])
     obs, *_ = env.step(f"go to {world.r_names[closed]}")
-    assert obs == f"You arrive at {world.r_names[closed]}. The {world.r_names[closed]} is closed."
+    neighbour = world.r_names[(closed + 1) % len(world.r_names)]
+    assert obs == f"You arrive at {world.r_names[closed]}. The {world.r_names[closed]} is closed. Next to it, you see the {neighbour}."
     obs, *_ = env.step(f"open {world.r_names[closed]}")
     assert obs.startswith(f"You open the {world.r_names[closed]}. The {world.r_names[closed]} is open. In it, you see ")
     assert env.step("inventory")[0] == "You are not carrying anything."
@@ -416,3 +417,24 @@ def test_show_admissible_lists_the_commands_in_every_observation():
     assert obs.endswith("Admissible actions: " + ", ".join(info["admissible_actions"]) + ".")
     plain = HouseholdEnv("valid_unseen").reset(options={"task_id": env.task_ids()[3]})[0]
     assert obs != plain and "Admissible actions" not in plain
+
+
+def test_the_search_follows_the_neighbour_each_observation_names(envs):
+    """The fact that makes the search learnable: arriving somewhere names the next receptacle around the ring,
+    and every search step of the demonstration goes exactly there (or skips the target to the one after)."""
+    env = envs["valid_seen"]
+    for task_id in env.task_ids()[:60]:
+        obs, info = env.reset(options={"task_id": task_id})
+        task, world = info["task"], env.world
+        last_named = None
+        for action in task.privileged["demonstration"]:
+            if action.startswith("take "):
+                break
+            if action.startswith("go to ") and last_named is not None:
+                target = task.metadata["target"]
+                after_target = world.r_names[(world.r_index[target] + 1) % len(world.r_names)] if target in world.r_index else None
+                assert action[6:] in (last_named, after_target if last_named == target else None), (task_id, action)
+            obs, *_ = env.step(action)
+            if "Next to it, you see the " in obs:
+                last_named = obs.rsplit("Next to it, you see the ", 1)[1].rstrip(".")
+        assert last_named is not None

@@ -29,12 +29,11 @@ _TREAT_OP = {TREAT_BIT[HEAT]: HEAT, TREAT_BIT[COOL]: COOL, TREAT_BIT[CLEAN_OP]: 
 
 
 class _Actor:
-    """Plays commands on a world and records their texts and what each look revealed."""
+    """Plays commands on a world and records their texts."""
 
     def __init__(self, world: World, checker: GoalChecker, max_actions: int):
         self.world, self.checker, self.max_actions = world, checker, max_actions
         self.texts: list[str] = []
-        self.seen: dict[int, list[int]] = {}  # receptacle -> objects seen there at the last look
 
     def do(self, cmd: Command) -> None:
         w = self.world
@@ -43,12 +42,6 @@ class _Actor:
         if len(self.texts) > self.max_actions:
             raise RuntimeError(f"observable expert exceeded {self.max_actions} actions on {self.checker.goal}")
         w.apply(cmd)
-        if cmd[0] in (GOTO, OPEN) and w.r_open[w.loc]:
-            self.seen[w.loc] = list(w.contents[w.loc])
-        elif cmd[0] == TAKE:
-            self.seen[cmd[2]] = [o for o in self.seen.get(cmd[2], []) if o != cmd[1]]
-        elif cmd[0] == PUT:
-            self.seen.setdefault(cmd[2], []).append(cmd[1])
 
     def go_and_look(self, rid: int) -> None:
         w = self.world
@@ -73,50 +66,33 @@ def demonstration(world: World, checker: GoalChecker, max_actions: int = 80) -> 
 def _solve(a: _Actor) -> list[str]:
     w, checker = a.world, a.checker
     goal_objs, lamps, target = set(checker.objs), set(checker.lamps), checker.target
-    order = [r for r in range(len(w.r_names)) if r != target]
-    visited: set[int] = set()
 
-    def find(wanted: set[int], *, exclude_at_target: bool = True) -> tuple[int, int] | None:
-        """Where a wanted object was already seen, else search on; (object, receptacle) or None."""
-        for rid, objs in a.seen.items():
-            if exclude_at_target and rid == target:
-                continue
-            hit = next((o for o in objs if o in wanted), None)
-            if hit is not None:
-                return hit, rid
-        for rid in order:
-            if rid in visited:
-                continue
-            visited.add(rid)
-            a.go_and_look(rid)
-            hit = next((o for o in w.contents[rid] if o in wanted), None)
-            if hit is not None:
-                return hit, rid
-        return None
-
-    def fetch() -> int:
-        found = find(goal_objs)
-        if found is None:
-            raise RuntimeError(f"observable expert found no {checker.goal.obj_type}")
-        obj, rid = found
-        a.go_and_look(rid)
-        a.do((TAKE, obj, rid))
-        return obj
+    def search(wanted: set[int], start: int, *, skip_target: bool = True) -> tuple[int, int]:
+        """Walk the ring from `start` (opening closed receptacles) until a wanted object is in view."""
+        cursor = start
+        for _ in range(2 * len(w.r_names)):
+            if not (skip_target and cursor == target):
+                a.go_and_look(cursor)
+                hit = next((o for o in w.contents[cursor] if o in wanted), None)
+                if hit is not None:
+                    return hit, cursor
+            cursor = w.neighbour(cursor)
+        raise RuntimeError(f"observable expert walked the whole room without finding {checker.goal}")
 
     if checker.goal.task_type == "look_at_obj_in_light":
-        fetch()
-        found = find(lamps, exclude_at_target=False)
-        if found is None:
-            raise RuntimeError("observable expert found no lamp")
-        lamp, rid = found
-        if w.loc != rid:
-            a.do((GOTO, rid, -1))
+        obj, at = search(goal_objs, 0)
+        a.do((TAKE, obj, at))
+        lamp = next((o for o in w.contents[at] if o in lamps), None)
+        if lamp is None:
+            lamp, at = search(lamps, w.neighbour(at), skip_target=False)
         a.do((USE, lamp, -1))
         return a.texts
 
     treat = _TREAT_OP.get(checker.required, -1)
+    start = 0
     while not a.done():
-        obj = fetch()
+        obj, at = search(goal_objs, start)
+        a.do((TAKE, obj, at))
         if treat >= 0:
             appliance = next(r for r, op in enumerate(w.r_appliance) if op == treat)
             if w.loc != appliance:
@@ -124,4 +100,5 @@ def _solve(a: _Actor) -> list[str]:
             a.do((treat, obj, appliance))
         a.go_and_look(target)
         a.do((PUT, obj, target))
+        start = at  # a second object: back to where the first was found, then on around the ring
     return a.texts
