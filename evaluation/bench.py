@@ -75,6 +75,10 @@ UNSEEN_NAMES = ("valid_unseen", "unseen", "test")
 SECONDS_PER_EXPERT_EPISODE = 0.12
 SECONDS_PER_ROLLOUT_EPISODE = 0.9
 SECONDS_PER_EVAL_EPISODE = 0.45
+# the household base pair (30-turn episodes, histories of ~1000 tokens; CPU seconds of one process, measured
+# on the build machine with the rollout engine of 2026-12-03, before KV reuse across turns)
+SECONDS_PER_EVAL_EPISODE_BASE = 6.0
+SECONDS_PER_ROLLOUT_EPISODE_BASE = 8.0
 
 
 class BenchError(ValueError):
@@ -226,14 +230,21 @@ def algorithm_flags(name: str) -> tuple[bool, bool]:
 def estimate_seconds(settings: BenchSettings, algos: list[str], n_eval_envs: int, *, warm: bool, teacher: bool,
                      workers: int = 1) -> float:
     """A rough wall-time forecast from per-episode costs measured on the 2-core build machine (one process
-    per core: the jobs split over ``workers``, the warm start and the teacher side by side)."""
+    per core: the jobs split over ``workers``, the warm start and the teacher side by side). The base pair's
+    one-time build is not included (it is timed and printed apart)."""
+    base = uses_base_models(settings)
     sft_runs = [settings.warm_steps * warm, settings.teacher_steps * teacher]
-    sft_steps = max(sft_runs) if workers > 1 else sum(sft_runs)
-    train_tasks = min(settings.resolved_env_args().get("num_tasks", settings.eval_episodes), settings.eval_episodes)
-    per_run_eval = (settings.eval_points * train_tasks + n_eval_envs * settings.eval_episodes) * SECONDS_PER_EVAL_EPISODE
-    per_run_train = settings.budget * SECONDS_PER_ROLLOUT_EPISODE
+    sft_steps = 0 if base else (max(sft_runs) if workers > 1 else sum(sft_runs))
+    per_episode = SECONDS_PER_EVAL_EPISODE_BASE if base else SECONDS_PER_EVAL_EPISODE
+    train_tasks = min(settings.resolved_env_args().get("num_tasks", settings.train_eval_episodes),
+                      settings.train_eval_episodes)
+    curve = settings.curve_episodes if base else train_tasks
+    held_out = (n_eval_envs - 1) * settings.eval_episodes
+    per_run_eval = (settings.eval_points * curve + train_tasks + held_out) * per_episode
+    per_run_train = settings.budget * (SECONDS_PER_ROLLOUT_EPISODE_BASE if base else SECONDS_PER_ROLLOUT_EPISODE)
     runs = len(algos) * len(settings.seeds)
-    references = (1 + teacher) * n_eval_envs * settings.eval_episodes * SECONDS_PER_EVAL_EPISODE
+    n_references = (2 if base else 1) + teacher
+    references = n_references * (train_tasks + held_out * len(settings.seeds)) * per_episode
     return (sft_steps * settings.sft_tasks_per_step * SECONDS_PER_EXPERT_EPISODE
             + (runs * (per_run_train + per_run_eval) + references) / max(workers, 1))
 
