@@ -37,7 +37,8 @@ NOTES (decisions where the brief was silent, and what remains)
   holds the same aggregate per algorithm x split. ``wall_time_s`` is the evaluation's wall time (as the
   schema says); training wall time, the seed list and the budget are in ``algorithm_config["bench"]``.
   The training curve is attached to the records of the split it was measured on (the unseen split with
-  base models, else ``train``). The references have one record each (greedy decoding has no seed).
+  base models, else ``train``). The references (greedy: evaluated once on the union of the seeds' tasks) get one record per
+  seed holding that seed's tasks, so paired and per-seed views line up.
 - The bench's leaderboard (``<out>/leaderboard``) is owned by the bench: a rerun replaces records of the
   same run identity. ``--publish`` adds to the repo's ``leaderboard/`` and never replaces: a duplicate is
   reported and skipped.
@@ -68,6 +69,7 @@ from typing import Any, Callable
 DEFAULT_ENV = "household/train"
 # the embedded household train split has 2000 generated tasks; the tiny student learns a handful
 DEFAULT_ENV_ARGS = {"household/train": {"num_tasks": 8}}
+SEED_BLOCKS = 16  # household held-out tasks: seed s evaluates block s mod 16 (seeds 16 apart share tasks)
 SEEN_NAMES = ("valid_seen", "seen", "valid", "dev", "test")
 UNSEEN_NAMES = ("valid_unseen", "unseen", "test")
 # measured on the shared 2-core build machine under load (tiny student, household, <= 10 turns x 16 tokens,
@@ -401,11 +403,13 @@ def run_job(job: SFTJob | ReferenceJob | RunJob, context: JobContext) -> JobOutc
             tasks = list(dict.fromkeys(t for ids in by_seed.values() for t in ids))
             episodes, wall = evaluate_policy(policy, env_id, settings, env_args=eval_env_args(env_id, settings),
                                              tasks=tasks, with_context=job.context)
-            success = {e.task.id: float(e.success) for e in episodes}
-            outcome.outcomes[env_id] = {(seed, t): success[t] for seed, ids in by_seed.items() for t in ids}
-            outcome.records.append(build_record(env_id, episodes, algorithm=job.name, student=job.label, teacher=None,
-                                                algorithm_config={"bench": {**context.section, "context": job.context}},
-                                                seed=settings.eval_seed, wall_time_s=wall, curve=None))
+            by_task = {e.task.id: e for e in episodes}
+            outcome.outcomes[env_id] = {(seed, t): float(by_task[t].success) for seed, ids in by_seed.items() for t in ids}
+            for seed, ids in by_seed.items():  # one record per seed (its tasks), like the trained rows
+                outcome.records.append(build_record(
+                    env_id, [by_task[t] for t in ids], algorithm=job.name, student=job.label, teacher=None,
+                    algorithm_config={"bench": {**context.section, "context": job.context}}, seed=seed,
+                    wall_time_s=wall * len(ids) / len(tasks), curve=None))
         if job.curve:
             curve_env = resolved_curve_env(settings)
             env_args = eval_env_args(curve_env, settings)
@@ -647,17 +651,18 @@ def make_env(env_id: str, settings: BenchSettings, env_args: dict[str, Any]) -> 
 def eval_task_ids(env_id: str, settings: BenchSettings, seed: int) -> list[str]:
     """The tasks a seed is evaluated on: the training env's first ``train_eval_episodes`` (the trainer's own
     eval tasks); on other splits ``eval_episodes`` tasks spread evenly over the seed's share of the split
-    (seed k of S takes the k-th of S consecutive blocks: consecutive household indices cycle through the six
-    task types), so different seeds add different held-out tasks."""
+    (household: seed s takes the (s mod 16)-th block of ``eval_episodes`` consecutive tasks, which cycle
+    through the six task types, so different seeds add different held-out tasks and a seed's tasks do not
+    depend on which other seeds run; other families: the same evenly spaced subset for every seed)."""
     from evaluation.runner import select_tasks
 
     ids = make_env(env_id, settings, eval_env_args(env_id, settings)).task_ids()
     if env_id == settings.env:
         return ids[: settings.train_eval_episodes]
-    k, n_seeds = settings.seeds.index(seed), len(settings.seeds)
-    block = len(ids) // n_seeds
-    share = ids[k * block:(k + 1) * block] if block >= settings.eval_episodes else ids
-    return select_tasks(share, settings.eval_episodes)
+    if env_id.startswith("household/"):
+        k, n = seed % SEED_BLOCKS, settings.eval_episodes
+        return ids[k * n:(k + 1) * n]
+    return select_tasks(ids, settings.eval_episodes)
 
 
 def resolved_curve_env(settings: BenchSettings) -> str:
@@ -680,7 +685,8 @@ def eval_env_args(env_id: str, settings: BenchSettings) -> dict[str, Any]:
         from environments.household.generator import DEFAULT_NUM_TASKS
 
         split = env_id.split("/", 1)[1].split("-", 1)[0]
-        return {"num_tasks": max(DEFAULT_NUM_TASKS.get(split, 200), settings.eval_episodes * len(settings.seeds))}
+        blocks = max(seed % SEED_BLOCKS for seed in settings.seeds) + 1
+        return {"num_tasks": max(DEFAULT_NUM_TASKS.get(split, 200), settings.eval_episodes * blocks)}
     return {}
 
 
