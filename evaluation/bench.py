@@ -78,9 +78,10 @@ SECONDS_PER_EXPERT_EPISODE = 0.12
 SECONDS_PER_ROLLOUT_EPISODE = 0.9
 SECONDS_PER_EVAL_EPISODE = 0.45
 # the household base pair (30-turn episodes, histories of ~1000 tokens; CPU seconds of one process, measured
-# on the build machine with the rollout engine of 2026-12-03, before KV reuse across turns)
-SECONDS_PER_EVAL_EPISODE_BASE = 6.0
-SECONDS_PER_ROLLOUT_EPISODE_BASE = 8.0
+# on the build machine with the rollout engine of 2026-12-03, before KV reuse across turns; the rollout figure
+# is an estimate: eval cost plus the update)
+SECONDS_PER_EVAL_EPISODE_BASE = 2.8
+SECONDS_PER_ROLLOUT_EPISODE_BASE = 4.0  # not measured: the eval cost plus ~1 s of update
 
 
 class BenchError(ValueError):
