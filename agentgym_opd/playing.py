@@ -36,8 +36,10 @@ def play_tasks(
     max_context_tokens: int = 2048,
     env_kwargs: dict[str, Any] | None = None,
     on_batch: Callable[[list[Episode]], None] | None = None,
+    contexts: Sequence[str | None] | None = None,
 ) -> list[Episode]:
-    """Every task played `samples` times; episodes in task order, a task's samples adjacent."""
+    """Every task played `samples` times; episodes in task order, a task's samples adjacent. `contexts[i]`
+    (optional) is shown after task i's first observation, as a self-teacher sees its privileged context."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     if samples < 1:
@@ -50,7 +52,9 @@ def play_tasks(
     try:
         for start in range(0, len(task_ids), tasks_per_batch):
             chunk = list(task_ids[start:start + tasks_per_batch])
-            batch = engine.collect(envs[: len(chunk) * samples], chunk, group_size=samples, seed=seed + start * samples)
+            chunk_contexts = None if contexts is None else list(contexts[start:start + tasks_per_batch])
+            batch = engine.collect(envs[: len(chunk) * samples], chunk, group_size=samples, seed=seed + start * samples,
+                                   contexts=chunk_contexts)
             episodes.extend(batch.episodes)
             if on_batch is not None:
                 on_batch(list(batch.episodes))

@@ -13,42 +13,43 @@ NOTES (decisions where the brief was silent, and what remains)
   reported as rollout episodes (``budget = steps * episodes_per_step``).
 - Same hyper-parameters for every algorithm (lr 3e-4, temperature 0.5: the lead's measured OPD setting);
   per-algorithm changes go through ``--algo-set NAME:key=value`` (e.g. ``grpo:algo.kl_coef=0.01``).
-- The warm start and the teacher are SFT runs of the base student (the teacher: more steps), cached under
-  ``<out>/warm_start`` and ``<out>/teacher`` keyed by their settings (``bench_key.json``): a rerun with the
-  same settings reuses them, other settings retrain. Algorithm runs are never cached (so a rerun checks
-  reproducibility). The teacher is trained only when a selected algorithm ``needs_teacher`` (or --teacher).
-- Evaluation: greedy, on three splits: the training tasks themselves (``train``, where the training curve
-  is measured), the seen split and the unseen split of the env family (``valid_seen`` / ``valid_unseen``
-  where registered, else the first registered id of the family matching seen/unseen/valid/dev/test).
-  Tasks: the training env's first ``eval_episodes`` tasks (what the trainer's ``eval/success`` uses, so
-  the curve and the ``train`` row agree); other splits the runner's evenly spaced subset
-  (``evaluation.runner.select_tasks``); eval seed fixed. On the tiny student the seen/unseen rows are 0:
-  8 memorised training tasks do not generalise (measured: warm start 0.5 train, 0.0 seen, 0.0 unseen).
+- Warm start and teacher (default, household + the tiny student): the household base pair of
+  ``evaluation.base_models``, trained once on the observable expert's demonstrations of the whole train
+  split (with a share of prompts carrying a walkthrough, a successful sibling or failure feedback), cached
+  by its settings and built by the bench's first run (its build time is printed apart and left out of the
+  bench's wall time). The student is the smaller model, the teacher the larger one trained longer.
+  ``--base-models off`` (or another env or student) keeps the older path: SFT runs of the base student
+  cached under ``<out>/warm_start`` and ``<out>/teacher`` keyed by their settings (``bench_key.json``).
+  Algorithm runs are never cached (so a rerun checks reproducibility).
+- Rows beside the algorithms: ``warm_start``, ``warm_start+context`` (the same network with each task's
+  privileged context in its first prompt: whether self-teachers can carry signal) and ``teacher``.
+- Evaluation: greedy. Held-out splits (``valid_seen`` / ``valid_unseen`` where registered, else the first
+  registered id of the family matching seen/unseen/valid/dev/test): ``eval_episodes`` tasks per seed, each
+  seed its own block of the split (household generates as many tasks as needed), so 3 seeds x 100 episodes
+  give a pooled 95% interval of at most +-0.057. The references (greedy, no seed) are evaluated once on
+  the union. The ``train`` row: the training env's first ``train_eval_episodes`` tasks. Every cell has a
+  Wilson 95% interval over its pooled episodes (``evaluation.bench_stats``); the paired tables give each
+  method minus OPD and minus the warm start over the same (seed, task) episodes.
+- Curves: held-out success (the unseen split's first ``curve_episodes`` tasks, as the trainer evaluates)
+  against rollout episodes, ``eval_points`` in-training points plus point 0 (the warm start): 5 points.
 - Records: one per algorithm x split x seed (the leaderboard's identity includes the seed, and its build
   aggregates seeds: mean of the seed means, standard error across seeds); the bench's own ``summary.json``
   holds the same aggregate per algorithm x split. ``wall_time_s`` is the evaluation's wall time (as the
   schema says); training wall time, the seed list and the budget are in ``algorithm_config["bench"]``.
-  The training curve (success on the training tasks vs rollout episodes, point 0 = the warm start) is
-  attached to the ``train`` split's records. The warm start is the ``warm_start`` row, the teacher the
-  ``teacher`` row (greedy decoding has no seed: one record each).
+  The training curve is attached to the records of the split it was measured on (the unseen split with
+  base models, else ``train``). The references (greedy: evaluated once on the union of the seeds' tasks) get one record per
+  seed holding that seed's tasks, so paired and per-seed views line up.
 - The bench's leaderboard (``<out>/leaderboard``) is owned by the bench: a rerun replaces records of the
   same run identity. ``--publish`` adds to the repo's ``leaderboard/`` and never replaces: a duplicate is
   reported and skipped.
-- ``--quick``: 4 training tasks, 4 steps x 4 episodes, ONE seed, 4 episodes per split, warm start 60 /
-  teacher 120 SFT steps. Torch runs on one CPU thread by default (``--threads``): 10x faster than two
+- ``--quick``: 4 steps x 4 episodes, ONE seed, 12 episodes per held-out split, 4 on the training tasks and
+  per curve point (older path: 4 training tasks, 4 episodes per split, warm start 60 / teacher 120 SFT
+  steps, 8 turns). Torch runs on one CPU thread by default (``--threads``): 10x faster than two
   threads on the shared build machine (same greedy actions in that probe).
 - Exit codes: 0 ok, 1 an algorithm failed or the leaderboard build failed (results saved), 2 bad setup.
-- Measured on the shared 2-core build machine (load ~5-8): ``bench --quick`` (8 algorithms, 1 seed) 329 s;
-  the earlier full default with ``--seeds 1`` (8 algorithms, 320 episodes each) 2555 s (estimate printed: 2894 s);
-  train-task success: warm start 0.50, teacher 0.875, sft 0.875, opd 0.75, sage_opd 0.75, lopd 0.375,
-  opsd 0.375, grpo/sdpo/vpd 0.0 (lr 3e-4 collapses them: per-algorithm lr tuning is left to --algo-set).
-- Default budget (chosen by the lead for the ~15-minute target): 16 steps x 4 episodes (G=2) per run, 8
-  eval episodes per split, 2 curve points, 3 seeds. The bench's own estimate on the loaded build machine
-  is ~35 min (its per-episode costs were measured at load 5-8); an idle 2-core machine should take about
-  a third of that, not yet measured. The earlier default (40 steps x 8 episodes, 16 eval episodes) is
-  ``--steps 40 --episodes-per-step 8 --group-size 4 --eval-episodes 16``: ~2 h here for 3 seeds. The
-  bench prints its estimate before it starts and an ETA after each run. Per-algorithm tuned defaults
-  (an lr per method) are not chosen yet.
+- Cost and what was measured: see /work/notes/bench-readme.md (the household base pair and the bench's
+  default were measured on the shared 2-core build machine under heavy load; its per-episode constants
+  below are the older bench's and underestimate 30-turn household episodes).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from typing import Any, Callable
 DEFAULT_ENV = "household/train"
 # the embedded household train split has 2000 generated tasks; the tiny student learns a handful
 DEFAULT_ENV_ARGS = {"household/train": {"num_tasks": 8}}
+SEED_BLOCKS = 16  # household held-out tasks: seed s evaluates block s mod 16 (seeds 16 apart share tasks)
 SEEN_NAMES = ("valid_seen", "seen", "valid", "dev", "test")
 UNSEEN_NAMES = ("valid_unseen", "unseen", "test")
 # measured on the shared 2-core build machine under load (tiny student, household, <= 10 turns x 16 tokens,
@@ -75,6 +77,11 @@ UNSEEN_NAMES = ("valid_unseen", "unseen", "test")
 SECONDS_PER_EXPERT_EPISODE = 0.12
 SECONDS_PER_ROLLOUT_EPISODE = 0.9
 SECONDS_PER_EVAL_EPISODE = 0.45
+# the household base pair (30-turn episodes, histories of ~1000 tokens; CPU seconds of one process, measured
+# on the build machine with the rollout engine of 2026-12-03, before KV reuse across turns; the rollout figure
+# is an estimate: eval cost plus the update)
+SECONDS_PER_EVAL_EPISODE_BASE = 2.8
+SECONDS_PER_ROLLOUT_EPISODE_BASE = 4.0  # not measured: the eval cost plus ~1 s of update
 
 
 class BenchError(ValueError):
@@ -97,8 +104,8 @@ class BenchSettings:
     group_size: int = 2
     lr: float = 3e-4
     temperature: float = 0.5
-    eval_points: int = 2  # evaluations during training (the curve), besides step 0
-    eval_episodes: int = 8  # per split
+    eval_points: int = 4  # evaluations during training (the curve), besides step 0
+    eval_episodes: int = 100  # per held-out split and seed (3 seeds: a 95% half-width <= 0.06 per cell)
     eval_seed: int = 0
     warm_steps: int = 70
     warm_lr: float = 3e-3
@@ -106,7 +113,7 @@ class BenchSettings:
     teacher_steps: int = 200
     teacher_lr: float = 3e-3
     sft_tasks_per_step: int = 8
-    max_turns: int = 10
+    max_turns: int = 30  # the household observable expert finishes 98.7% of held-out tasks within 30 (mean 15)
     max_new_tokens: int = 16
     device: str = "auto"
     threads: int | None = 1  # torch CPU threads per process; None = torch's default (see run_bench)
@@ -114,27 +121,64 @@ class BenchSettings:
     overrides: list[str] = field(default_factory=list)  # key=value for every algorithm run
     algo_overrides: dict[str, list[str]] = field(default_factory=dict)  # per algorithm
     skip_warm_start: bool = False
+    # household + the tiny student: the warm start is the base student of `evaluation.base_models` (trained once
+    # on the observable expert's demonstrations of the whole train split) and the teacher its larger sibling;
+    # "off" keeps the older path (an SFT warm start and teacher trained by the bench itself)
+    base_models: str = "auto"
+    base_steps: int | None = None  # None: the specs' own (STUDENT_SPEC / TEACHER_SPEC); N: student N, teacher 3N
+    base_train_tasks: int | None = None  # None: the specs' own (the whole train split)
+    train_eval_episodes: int = 32  # episodes on the training env's own tasks (the `train` row)
+    curve_env: str | None = None  # None: the unseen split with base models, else the training env
+    curve_episodes: int = 32  # greedy episodes per curve point (the env's first tasks, as the trainer evaluates)
     output_dir: str = "runs/bench"
     publish: bool = False
     progress: bool = True
 
     @classmethod
     def quick(cls, **changes: Any) -> "BenchSettings":
-        """A ~2-3 minute smoke bench (idle 2-core machine): 4 tasks, 4 steps, one seed, 4 episodes per split."""
+        """A ~2-3 minute smoke bench (idle 2-core machine, base models cached): 4 steps, one seed, 12 episodes
+        per held-out split, 4 on the training tasks and per curve point (older path: 4 tasks, 8 turns)."""
         base = dict(env_args=None, seeds=[0], steps=4, episodes_per_step=4, group_size=2, eval_points=2,
-                    eval_episodes=4, warm_steps=60, teacher_steps=120, sft_tasks_per_step=4, max_turns=8)
+                    eval_episodes=12, train_eval_episodes=4, curve_episodes=4, warm_steps=60, teacher_steps=120,
+                    sft_tasks_per_step=4)
         base.update(changes)
         settings = cls(**base)
-        if settings.env_args is None and settings.env in DEFAULT_ENV_ARGS:
+        if "max_turns" not in changes and not uses_base_models(settings):
+            settings.max_turns, settings.eval_episodes = 8, changes.get("eval_episodes", 4)
+        if settings.env_args is None and settings.env in DEFAULT_ENV_ARGS and not uses_base_models(settings):
             settings.env_args = {"num_tasks": 4}
         return settings
 
     def resolved_env_args(self) -> dict[str, Any]:
-        return dict(self.env_args if self.env_args is not None else DEFAULT_ENV_ARGS.get(self.env, {}))
+        if self.env_args is not None:
+            return dict(self.env_args)
+        return {} if uses_base_models(self) else dict(DEFAULT_ENV_ARGS.get(self.env, {}))
 
     @property
     def budget(self) -> int:
         return self.steps * self.episodes_per_step
+
+    def base_specs(self) -> tuple[Any, Any]:
+        """The (student, teacher) base model specs this bench uses."""
+        from evaluation.base_models import STUDENT_SPEC, TEACHER_SPEC
+
+        student, teacher = STUDENT_SPEC, TEACHER_SPEC
+        if self.base_steps is not None:
+            student = dataclasses.replace(student, steps=self.base_steps, warmup_steps=min(student.warmup_steps, self.base_steps))
+            teacher = dataclasses.replace(teacher, steps=3 * self.base_steps,
+                                          warmup_steps=min(teacher.warmup_steps, 3 * self.base_steps))
+        if self.base_train_tasks is not None:
+            student = dataclasses.replace(student, train_tasks=self.base_train_tasks)
+            teacher = dataclasses.replace(teacher, train_tasks=self.base_train_tasks)
+        return student, teacher
+
+
+def uses_base_models(settings: BenchSettings) -> bool:
+    """Whether the bench starts from the household base pair (see BenchSettings.base_models)."""
+    if settings.base_models not in ("auto", "off"):
+        raise BenchError(f"base_models must be 'auto' or 'off', got {settings.base_models!r}")
+    return (settings.base_models == "auto" and settings.env.startswith("household/") and settings.student == "tiny"
+            and not settings.skip_warm_start)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -189,14 +233,21 @@ def algorithm_flags(name: str) -> tuple[bool, bool]:
 def estimate_seconds(settings: BenchSettings, algos: list[str], n_eval_envs: int, *, warm: bool, teacher: bool,
                      workers: int = 1) -> float:
     """A rough wall-time forecast from per-episode costs measured on the 2-core build machine (one process
-    per core: the jobs split over ``workers``, the warm start and the teacher side by side)."""
+    per core: the jobs split over ``workers``, the warm start and the teacher side by side). The base pair's
+    one-time build is not included (it is timed and printed apart)."""
+    base = uses_base_models(settings)
     sft_runs = [settings.warm_steps * warm, settings.teacher_steps * teacher]
-    sft_steps = max(sft_runs) if workers > 1 else sum(sft_runs)
-    train_tasks = min(settings.resolved_env_args().get("num_tasks", settings.eval_episodes), settings.eval_episodes)
-    per_run_eval = (settings.eval_points * train_tasks + n_eval_envs * settings.eval_episodes) * SECONDS_PER_EVAL_EPISODE
-    per_run_train = settings.budget * SECONDS_PER_ROLLOUT_EPISODE
+    sft_steps = 0 if base else (max(sft_runs) if workers > 1 else sum(sft_runs))
+    per_episode = SECONDS_PER_EVAL_EPISODE_BASE if base else SECONDS_PER_EVAL_EPISODE
+    train_tasks = min(settings.resolved_env_args().get("num_tasks", settings.train_eval_episodes),
+                      settings.train_eval_episodes)
+    curve = settings.curve_episodes if base else train_tasks
+    held_out = (n_eval_envs - 1) * settings.eval_episodes
+    per_run_eval = (settings.eval_points * curve + train_tasks + held_out) * per_episode
+    per_run_train = settings.budget * (SECONDS_PER_ROLLOUT_EPISODE_BASE if base else SECONDS_PER_ROLLOUT_EPISODE)
     runs = len(algos) * len(settings.seeds)
-    references = (1 + teacher) * n_eval_envs * settings.eval_episodes * SECONDS_PER_EVAL_EPISODE
+    n_references = (2 if base else 1) + teacher
+    references = n_references * (train_tasks + held_out * len(settings.seeds)) * per_episode
     return (sft_steps * settings.sft_tasks_per_step * SECONDS_PER_EXPERT_EPISODE
             + (runs * (per_run_train + per_run_eval) + references) / max(workers, 1))
 
@@ -216,7 +267,9 @@ def _trainer(overrides: list[str], algorithm: str, settings: BenchSettings) -> A
     from agentgym_opd.trainer import Trainer, algorithm_class
 
     config = load_config(None, [f"algorithm={algorithm}", *overrides], algo_config_cls=algorithm_class(algorithm).Config)
-    return Trainer(config, env_overrides=settings.resolved_env_args(), progress=settings.progress)
+    eval_env = config.eval.env or config.env
+    return Trainer(config, env_overrides=settings.resolved_env_args(), progress=settings.progress,
+                   eval_env_overrides={"max_turns": settings.max_turns, **eval_env_args(eval_env, settings)})
 
 
 def final_model_dir(run_dir: Path) -> Path:
@@ -271,12 +324,26 @@ class SFTJob:
 
 
 @dataclass(frozen=True)
+class BaseModelJob:
+    """Build (or reuse) one base model of `evaluation.base_models` (the one-time build, timed apart)."""
+
+    name: str  # base_student / base_teacher
+    spec: Any
+
+
+@dataclass(frozen=True)
 class ReferenceJob:
-    """Evaluate a frozen checkpoint (the warm start or the teacher) on every split: a reference row."""
+    """Evaluate a frozen checkpoint (the warm start or the teacher) on every split: a reference row.
+
+    ``context``: every first prompt carries the task's privileged context (``warm_start+context``: can the
+    student's own network use it, as a self-teacher must?). ``curve``: also measure the curve's point 0.
+    """
 
     name: str
     path: str
     label: str
+    context: bool = False
+    curve: bool = False
 
 
 @dataclass(frozen=True)
@@ -308,7 +375,10 @@ class JobOutcome:
     algorithm: str
     seed: int | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
-    model_path: str | None = None  # SFTJob: the checkpoint's model folder
+    model_path: str | None = None  # SFTJob / BaseModelJob: the checkpoint's model folder
+    # per env id: {(seed, task id): success} of every evaluation episode (for the paired comparisons)
+    outcomes: dict[str, dict[tuple[int, str], float]] = field(default_factory=dict)
+    curve_start: float | None = None  # ReferenceJob with curve=True: success at the curve's tasks
     messages: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     error: str | None = None
@@ -322,21 +392,40 @@ def run_job(job: SFTJob | ReferenceJob | RunJob, context: JobContext) -> JobOutc
     if isinstance(job, SFTJob):
         outcome.model_path = str(sft_checkpoint(settings, out / job.name, steps=job.steps, lr=job.lr,
                                                 context_fraction=job.context_fraction, log=outcome.messages.append))
+    elif isinstance(job, BaseModelJob):
+        from evaluation.base_models import ensure_base_model
+
+        outcome.model_path = str(ensure_base_model(job.spec, progress=settings.progress, log=outcome.messages.append))
     elif isinstance(job, ReferenceJob):
         policy = load_frozen_policy(job.path, settings)
         for env_id in context.env_ids:
-            episodes, wall = evaluate_policy(policy, env_id, settings, env_args=eval_env_args(env_id, settings))
-            outcome.records.append(build_record(env_id, episodes, algorithm=job.name, student=job.label, teacher=None,
-                                                algorithm_config={"bench": context.section}, seed=settings.eval_seed,
-                                                wall_time_s=wall, curve=None))
+            # greedy decoding has no seed: one evaluation of the union of every seed's tasks serves them all
+            by_seed = {seed: eval_task_ids(env_id, settings, seed) for seed in settings.seeds}
+            tasks = list(dict.fromkeys(t for ids in by_seed.values() for t in ids))
+            episodes, wall = evaluate_policy(policy, env_id, settings, env_args=eval_env_args(env_id, settings),
+                                             tasks=tasks, with_context=job.context)
+            by_task = {e.task.id: e for e in episodes}
+            outcome.outcomes[env_id] = {(seed, t): float(by_task[t].success) for seed, ids in by_seed.items() for t in ids}
+            for seed, ids in by_seed.items():  # one record per seed (its tasks), like the trained rows
+                outcome.records.append(build_record(
+                    env_id, [by_task[t] for t in ids], algorithm=job.name, student=job.label, teacher=None,
+                    algorithm_config={"bench": {**context.section, "context": job.context}}, seed=seed,
+                    wall_time_s=wall * len(ids) / len(tasks), curve=None))
+        if job.curve:
+            curve_env = resolved_curve_env(settings)
+            env_args = eval_env_args(curve_env, settings)
+            ids = make_env(curve_env, settings, env_args).task_ids()[: settings.curve_episodes]
+            episodes, _ = evaluate_policy(policy, curve_env, settings, env_args=env_args, tasks=ids)
+            outcome.curve_start = sum(e.success for e in episodes) / len(episodes)
     else:
-        outcome.records, outcome.error = train_and_evaluate(job, context)
+        outcome.records, outcome.error, outcome.outcomes = train_and_evaluate(job, context)
     outcome.wall_s = time.perf_counter() - started
     return outcome
 
 
-def train_and_evaluate(job: RunJob, context: JobContext) -> tuple[list[dict[str, Any]], str | None]:
-    """One algorithm x seed: (its records, None), or ([], the error) with the traceback in its run folder.
+def train_and_evaluate(job: RunJob, context: JobContext) -> tuple[list[dict[str, Any]], str | None, dict[str, Any]]:
+    """One algorithm x seed: (its records, None, outcomes per env), or ([], the error, {}) with the traceback in
+    its run folder.
 
     The training curve here starts at the first in-training evaluation; the bench prepends point 0 (the
     warm start's success, measured by the warm start's own job).
@@ -355,22 +444,25 @@ def train_and_evaluate(job: RunJob, context: JobContext) -> tuple[list[dict[str,
         train_wall_s = time.perf_counter() - t0
         curve = training_curve(run_dir, settings.episodes_per_step)
         config = {"algo": algo_config, "bench": {**context.section, "train_wall_time_s": round(train_wall_s, 3)}}
-        records = []
+        records, outcomes = [], {}
+        curve_env = resolved_curve_env(settings)
         for env_id in context.env_ids:
             # the trainer's evaluation policy: the student itself, or its unsharded copy under FSDP
             episodes, wall = evaluate_policy(trainer.eval_engine.policy, env_id, settings,
-                                             env_args=eval_env_args(env_id, settings))
+                                             env_args=eval_env_args(env_id, settings),
+                                             tasks=eval_task_ids(env_id, settings, job.seed))
+            outcomes[env_id] = {(job.seed, e.task.id): float(e.success) for e in episodes}
             records.append(build_record(env_id, episodes, algorithm=job.name, student=context.labels["student"],
                                         teacher=context.labels["teacher"] if job.needs_teacher else None,
                                         algorithm_config=config, seed=job.seed, wall_time_s=wall,
-                                        curve=curve if env_id == settings.env else None))
-        return records, None
+                                        curve=curve if env_id == curve_env else None))
+        return records, None, outcomes
     except BenchError:
         raise
     except Exception as err:  # the bench goes on; the row says why
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
-        return [], f"{type(err).__name__}: {err}"
+        return [], f"{type(err).__name__}: {err}", {}
 
 
 def default_workers(settings: BenchSettings) -> int:
@@ -491,11 +583,13 @@ def run_overrides(settings: BenchSettings, name: str, *, seed: int, run_dir: Pat
     if group > settings.episodes_per_step or settings.episodes_per_step % group:
         raise BenchError(f"episodes_per_step={settings.episodes_per_step} must be a multiple of group_size={group}")
     every = max(1, settings.steps // max(settings.eval_points, 1))
+    curve_env = resolved_curve_env(settings)
+    curve_episodes = settings.curve_episodes if curve_env != settings.env else settings.train_eval_episodes
     overrides = _common_overrides(settings, seed=seed, output_dir=run_dir) + [
         f"model.student={student}", f"train.steps={settings.steps}", f"train.lr={settings.lr}",
         f"rollout.tasks_per_step={settings.episodes_per_step // group}", f"rollout.group_size={group}",
         f"rollout.temperature={settings.temperature}", f"eval.every={every}",
-        f"eval.episodes={settings.eval_episodes}",
+        f"eval.episodes={curve_episodes}", f"eval.env={curve_env}",
         f"eval.seed={settings.eval_seed}"]
     if needs_teacher:
         if not teacher:
@@ -521,36 +615,86 @@ def training_curve(run_dir: Path, episodes_per_step: int) -> list[dict[str, Any]
 # ----------------------------------------------------------------------------------------------------
 
 
-def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_args: dict[str, Any]) -> tuple[list[Any], float]:
+def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_args: dict[str, Any],
+                    tasks: list[str] | None = None, with_context: bool = False) -> tuple[list[Any], float]:
     """Greedy episodes on a fixed subset of the split's tasks; (episodes, wall seconds).
 
     The engine is built like the trainer's evaluation engine (same system prompt, action parser, greedy
     sampling), and the training env is scored on the trainer's own eval tasks (its first
     ``eval_episodes``), so the ``train`` row, the curve's point 0 and a training-time ``eval/success``
     mean the same thing. Other splits: the runner's evenly spaced subset, spread over task types.
+    ``tasks`` (default: ``eval_task_ids`` of the first seed) chooses them explicitly; ``with_context`` shows
+    each task's privileged context after the first observation, as a self-teacher sees it.
     """
+    from agentgym_opd.distill import privileged_text
     from agentgym_opd.playing import play_tasks
     from agentgym_opd.policy.base import SamplingParams
-    from agentgym_opd.registry import env_protocol, make
-    from evaluation.runner import select_tasks
+    from agentgym_opd.registry import env_protocol
 
     started = time.perf_counter()
+    if tasks is None:
+        tasks = eval_task_ids(env_id, settings, settings.seeds[0])
     overrides = {"max_turns": settings.max_turns, **env_args}
-    probe = make(env_id, **overrides)
-    ids = probe.task_ids()
-    probe.close()
-    tasks = ids[: settings.eval_episodes] if env_id == settings.env else select_tasks(ids, settings.eval_episodes)
+    contexts = None
+    if with_context:
+        probe = make_env(env_id, settings, env_args)
+        contexts = [privileged_text(probe.get_task(t)) for t in tasks]
+        probe.close()
     protocol = env_protocol(env_id)  # what the trainer uses too (the family's default parser and prompt)
     episodes = play_tasks(policy, env_id, tasks, sampling=SamplingParams(max_new_tokens=settings.max_new_tokens,
                                                                          temperature=0.0),
                           action_parser=protocol.action_parser, system_prompt=protocol.system_prompt,
-                          seed=settings.eval_seed, batch_size=len(tasks), max_context_tokens=4096, env_kwargs=overrides)
+                          seed=settings.eval_seed, batch_size=len(tasks), max_context_tokens=4096,
+                          env_kwargs=overrides, contexts=contexts)
     return episodes, time.perf_counter() - started
 
 
+def make_env(env_id: str, settings: BenchSettings, env_args: dict[str, Any]) -> Any:
+    from agentgym_opd.registry import make
+
+    return make(env_id, **{"max_turns": settings.max_turns, **env_args})
+
+
+def eval_task_ids(env_id: str, settings: BenchSettings, seed: int) -> list[str]:
+    """The tasks a seed is evaluated on: the training env's first ``train_eval_episodes`` (the trainer's own
+    eval tasks); on other splits ``eval_episodes`` tasks spread evenly over the seed's share of the split
+    (household: seed s takes the (s mod 16)-th block of ``eval_episodes`` consecutive tasks, which cycle
+    through the six task types, so different seeds add different held-out tasks and a seed's tasks do not
+    depend on which other seeds run; other families: the same evenly spaced subset for every seed)."""
+    from evaluation.runner import select_tasks
+
+    ids = make_env(env_id, settings, eval_env_args(env_id, settings)).task_ids()
+    if env_id == settings.env:
+        return ids[: settings.train_eval_episodes]
+    if env_id.startswith("household/"):
+        k, n = seed % SEED_BLOCKS, settings.eval_episodes
+        return ids[k * n:(k + 1) * n]
+    return select_tasks(ids, settings.eval_episodes)
+
+
+def resolved_curve_env(settings: BenchSettings) -> str:
+    """Where the training curves are measured: the unseen split with base models (held-out success against
+    rollout episodes), else the training env (the older memorising bench)."""
+    if settings.curve_env is not None:
+        return settings.curve_env
+    if uses_base_models(settings):
+        unseen = evaluation_envs(settings)[-1]
+        return unseen
+    return settings.env
+
+
 def eval_env_args(env_id: str, settings: BenchSettings) -> dict[str, Any]:
-    """The training env keeps its constructor options (its task subset); other splits get their own tasks."""
-    return settings.resolved_env_args() if env_id == settings.env else {}
+    """The training env keeps its constructor options (its task subset); other splits get their own tasks,
+    enough of them (household generates any number) that every seed has ``eval_episodes`` of its own."""
+    if env_id == settings.env:
+        return settings.resolved_env_args()
+    if env_id.startswith("household/"):
+        from environments.household.generator import DEFAULT_NUM_TASKS
+
+        split = env_id.split("/", 1)[1].split("-", 1)[0]
+        blocks = max(seed % SEED_BLOCKS for seed in settings.seeds) + 1
+        return {"num_tasks": max(DEFAULT_NUM_TASKS.get(split, 200), settings.eval_episodes * blocks)}
+    return {}
 
 
 def load_frozen_policy(path: str, settings: BenchSettings) -> Any:
@@ -636,13 +780,89 @@ def summarise_over_seeds(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def format_table(summary: list[dict[str, Any]], failures: dict[str, str], env_ids: list[str], order: list[str]) -> str:
-    """The terminal table: success rate (mean +- se over seeds) per env split, one line per algorithm."""
+def base_label(spec: Any) -> str:
+    """How records name a base model: its role, size and training steps (the cache key is in the folder name)."""
+    return f"household-{spec.name}-{spec.hidden}x{spec.layers}-{spec.steps}steps"
+
+
+def pooled_outcomes(jobs: list[Any], outcomes: list[JobOutcome]) -> dict[str, dict[str, dict[tuple[int, str], float]]]:
+    """Per algorithm and env: {(seed, task): success} of every evaluation episode, all seeds together."""
+    pooled: dict[str, dict[str, dict[tuple[int, str], float]]] = {}
+    for job, outcome in zip(jobs, outcomes):
+        for env_id, episodes in outcome.outcomes.items():
+            pooled.setdefault(job.name, {}).setdefault(env_id, {}).update(episodes)
+    return pooled
+
+
+def interval_cells(pooled: dict[str, dict[str, dict[tuple[int, str], float]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per algorithm and env: pooled success with its Wilson 95% interval (`evaluation.bench_stats`).
+
+    A reference row (greedy, evaluated once) counts each distinct task once; a trained row counts every
+    (seed, task) episode."""
+    from evaluation.bench_stats import proportion_cell
+
+    cells: dict[str, dict[str, dict[str, float]]] = {}
+    for algo, by_env in pooled.items():
+        for env_id, episodes in by_env.items():
+            if algo in ("warm_start", "warm_start+context", "teacher"):
+                values = list({task: v for (_, task), v in episodes.items()}.values())
+            else:
+                values = list(episodes.values())
+            cells.setdefault(algo, {})[env_id] = proportion_cell(values)
+    return cells
+
+
+def paired_comparisons(pooled: dict[str, dict[str, dict[tuple[int, str], float]]], env_ids: list[str],
+                       baselines: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Each algorithm minus each baseline on the same (seed, task) episodes of each held-out env."""
+    from evaluation.bench_stats import paired_difference
+
+    rows = []
+    for baseline in baselines:
+        for env_id in env_ids:
+            base = pooled.get(baseline, {}).get(env_id)
+            if not base:
+                continue
+            for algo, by_env in pooled.items():
+                if algo == baseline or env_id not in by_env:
+                    continue
+                diff = paired_difference(by_env[env_id], base)
+                if diff is not None:
+                    rows.append({"env_id": env_id, "algorithm": algo, "baseline": baseline, **diff})
+    return rows
+
+
+def format_paired(comparisons: list[dict[str, Any]], order: list[str]) -> str:
+    """Paired differences (mean +- 95% half-width; * = the interval excludes 0), one block per baseline."""
+    from evaluation.bench_stats import format_difference
+
+    blocks = []
+    for baseline in dict.fromkeys(c["baseline"] for c in comparisons):
+        rows = [c for c in comparisons if c["baseline"] == baseline]
+        env_ids = list(dict.fromkeys(c["env_id"] for c in rows))
+        head = [f"minus {baseline}", *[f"paired diff {e}" for e in env_ids]]
+        lines = []
+        for algo in [a for a in order if a != baseline]:
+            got = {c["env_id"]: c for c in rows if c["algorithm"] == algo}
+            if got:
+                lines.append([algo, *[format_difference(got.get(e)) for e in env_ids]])
+        widths = [max(len(r[i]) for r in [head, *lines]) for i in range(len(head))]
+        fmt = lambda r: "  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip()  # noqa: E731
+        blocks.append("\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, lines)]))
+    return "\n\n".join(blocks) + "\n(* the 95% interval of the paired difference excludes 0)"
+
+
+def format_table(summary: list[dict[str, Any]], failures: dict[str, str], env_ids: list[str], order: list[str],
+                 intervals: dict[str, dict[str, dict[str, float]]] | None = None) -> str:
+    """The terminal table: success rate (mean +- se over seeds, and the pooled episodes' 95% interval) per env
+    split, one line per algorithm."""
     cells: dict[str, dict[str, str]] = {}
     seeds: dict[str, str] = {}
     for row in summary:
         m = row["metrics"]["success_rate"]
-        cells.setdefault(row["algorithm"], {})[row["env_id"]] = f"{m['mean']:.3f} +- {m['stderr']:.3f}"
+        ci = (intervals or {}).get(row["algorithm"], {}).get(row["env_id"])
+        band = f" [{ci['low']:.2f},{ci['high']:.2f}]" if ci else ""
+        cells.setdefault(row["algorithm"], {})[row["env_id"]] = f"{m['mean']:.3f} +- {m['stderr']:.3f}{band}"
         seeds[row["algorithm"]] = ",".join(map(str, row["seeds"]))
     head = ["algorithm", "seeds", *[f"success {e}" for e in env_ids]]
     lines = []
@@ -709,27 +929,43 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
         f"episodes each ({settings.steps} steps x {settings.episodes_per_step}); eval on {env_ids}; "
         f"estimated wall time ~{estimate / 60:.1f} min with {workers} worker process(es)")
 
-    # 1. warm start and teacher: two independent SFT runs of the base student (side by side with 2+ workers)
+    # 1. warm start and teacher: the cached base pair (built once, timed apart from the bench), or two
+    #    independent SFT runs of the base student (side by side with 2+ workers)
+    base = uses_base_models(settings)
     base_name = settings.student if settings.student == "tiny" else Path(settings.student).name or settings.student
-    sft_jobs = ([] if settings.skip_warm_start else
-                [SFTJob("warm_start", settings.warm_steps, settings.warm_lr, settings.warm_context_fraction)])
-    sft_jobs += [SFTJob("teacher", settings.teacher_steps, settings.teacher_lr, 0.0)] if train_teacher else []
+    if base:
+        student_spec, teacher_spec = settings.base_specs()
+        sft_jobs = [BaseModelJob("warm_start", student_spec)]
+        sft_jobs += [BaseModelJob("teacher", teacher_spec)] if train_teacher else []
+    else:
+        sft_jobs = ([] if settings.skip_warm_start else
+                    [SFTJob("warm_start", settings.warm_steps, settings.warm_lr, settings.warm_context_fraction)])
+        sft_jobs += [SFTJob("teacher", settings.teacher_steps, settings.teacher_lr, 0.0)] if train_teacher else []
+    build_started = time.perf_counter()
     trained = {job.name: outcome.model_path for job, outcome in zip(sft_jobs, run_jobs(
         sft_jobs, JobContext(settings, env_ids, {}), workers=min(workers, len(sft_jobs)), log=log, out=out))}
+    base_build_s = time.perf_counter() - build_started if base else 0.0
+    if base:
+        log(f"base models ready in {base_build_s / 60:.1f} min (a one-time build when not cached; the bench's "
+            "wall time below leaves it out)")
     student_path, student_label = settings.student, base_name
     if "warm_start" in trained:
-        student_path, student_label = trained["warm_start"], f"{base_name}+sft{settings.warm_steps}"
+        student_path, student_label = trained["warm_start"], (
+            base_label(student_spec) if base else f"{base_name}+sft{settings.warm_steps}")
     teacher_path, teacher_label = settings.teacher, settings.teacher
     if "teacher" in trained:
-        teacher_path, teacher_label = trained["teacher"], f"{base_name}+sft{settings.teacher_steps}"
+        teacher_path, teacher_label = trained["teacher"], (
+            base_label(teacher_spec) if base else f"{base_name}+sft{settings.teacher_steps}")
 
     section = bench_section(settings)
     labels = {"student": student_label, "teacher": teacher_label}
 
     # 2. the reference rows (the warm start and the teacher, evaluated once: greedy has no seed to vary) and
     #    3. every algorithm x seed from the warm start with the same budget: independent jobs, run in parallel
-    references = [("warm_start", student_path, student_label)] + ([("teacher", teacher_path, teacher_label)] if teacher_path else [])
-    jobs = [ReferenceJob(name, path, label) for name, path, label in references]
+    jobs = [ReferenceJob("warm_start", student_path, student_label, curve=base)]
+    if base:  # can the student's own network use privileged context (what every self-teacher relies on)?
+        jobs.append(ReferenceJob("warm_start+context", student_path, student_label, context=True))
+    jobs += [ReferenceJob("teacher", teacher_path, teacher_label)] if teacher_path else []
     jobs += [RunJob(name, seed, *flags[name]) for name in flags for seed in settings.seeds]
     context = JobContext(settings, env_ids, section, student_path, teacher_path, labels)
     log(f"{len(jobs)} jobs on {min(workers, len(jobs))} worker process(es)")
@@ -737,9 +973,11 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
 
     records: list[dict[str, Any]] = []
     start_success: float | None = None
+    curve_env = resolved_curve_env(settings)
     for job, outcome in zip(jobs, outcomes):
         if isinstance(job, ReferenceJob) and job.name == "warm_start":
-            start_success = next(r["metrics"]["success_rate"]["mean"] for r in outcome.records if r["env_id"] == settings.env)
+            start_success = outcome.curve_start if outcome.curve_start is not None else next(
+                r["metrics"]["success_rate"]["mean"] for r in outcome.records if r["env_id"] == settings.env)
     results: list[JobOutcome] = []
     for job, outcome in zip(jobs, outcomes):  # job order, not finishing order: the same files for any --jobs
         if isinstance(job, RunJob):
@@ -748,7 +986,7 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
                 failures.setdefault(job.name, f"seed {job.seed}: {outcome.error}")
                 continue
         for record in outcome.records:
-            if isinstance(job, RunJob) and record["env_id"] == settings.env and start_success is not None:
+            if isinstance(job, RunJob) and record["env_id"] == curve_env and start_success is not None:
                 # curve point 0 is the warm start's success, measured by its own job
                 record["curve"] = [{"rollouts": 0, "success_rate": float(start_success)}, *record.get("curve", [])]
             records.append(record)
@@ -762,16 +1000,25 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
     except Exception as err:  # the results stand; `agentgym-opd leaderboard build --root ...` can retry
         board_error = f"{type(err).__name__}: {err}"
         log(f"leaderboard FAILED: {board_error}; the records are in {out / 'records'}")
-    wall = time.perf_counter() - started
+    wall = time.perf_counter() - started - base_build_s
+    by_algorithm = pooled_outcomes(jobs, outcomes)
+    cells = interval_cells(by_algorithm)
+    # the printed tables: each method minus OPD and minus the warm start; summary.json also holds the pairs the
+    # papers' claims need (LOPD / VPD vs GRPO, VPD vs SDPO, OPD vs SFT)
+    comparisons = paired_comparisons(by_algorithm, env_ids[1:], baselines=("opd", "warm_start", "grpo", "sdpo", "sft"))
     summary = {"settings": dataclasses.asdict(settings), "eval_envs": env_ids, "student": student_label,
                "teacher": teacher_label, "rows": summary_rows, "failures": failures,
+               "intervals": cells, "paired": comparisons, "base_build_time_s": round(base_build_s, 1),
                "failed_runs": [{"algorithm": r.algorithm, "seed": r.seed, "error": r.error} for r in results if r.error],
                "workers": workers,
                "leaderboard": str(board), "leaderboard_error": board_error,
                "wall_time_s": round(wall, 1), "estimated_wall_time_s": round(estimate, 1)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    order = ["warm_start", *(["teacher"] if teacher_path else []), *algos]
-    summary["table"] = format_table(summary_rows, failures, env_ids, order)
+    order = ["warm_start", *(["warm_start+context"] if base else []), *(["teacher"] if teacher_path else []), *algos]
+    summary["table"] = format_table(summary_rows, failures, env_ids, order, intervals=cells)
+    if any(c["baseline"] in ("opd", "warm_start") for c in comparisons):
+        shown = [c for c in comparisons if c["baseline"] in ("opd", "warm_start")]
+        summary["table"] += "\n\n" + format_paired(shown, order)
     return summary
 
 

@@ -52,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algo-set", action="append", default=[], metavar="ALGO:key=value",
                         help="config override for one algorithm only, e.g. grpo:algo.kl_coef=0.01")
     parser.add_argument("--skip-warm-start", action="store_true", help="start every algorithm from --student as is")
+    parser.add_argument("--base-models", choices=("auto", "off"), default=None,
+                        help="auto (default): on household with the tiny student, start from the cached household "
+                             "base pair (student, larger teacher; built once); off: SFT warm start and teacher")
+    parser.add_argument("--base-steps", type=int, default=None, metavar="N",
+                        help="training steps of the base student (teacher: 3N); default the specs' own")
+    parser.add_argument("--base-train-tasks", type=int, default=None, metavar="N",
+                        help="train tasks the base models learn from; default the whole train split")
     parser.add_argument("--publish", action="store_true", help="also add the records to the repo's leaderboard/")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
@@ -79,7 +86,8 @@ def settings_from_args(args: argparse.Namespace):
     simple = {"steps": "steps", "episodes_per_step": "episodes_per_step", "group_size": "group_size", "lr": "lr",
               "temperature": "temperature", "eval_episodes": "eval_episodes", "max_turns": "max_turns", "warm_steps": "warm_steps",
               "teacher_steps": "teacher_steps", "output_dir": "output_dir", "student": "student",
-              "teacher": "teacher", "env": "env", "device": "device"}
+              "teacher": "teacher", "env": "env", "device": "device", "base_models": "base_models",
+              "base_steps": "base_steps", "base_train_tasks": "base_train_tasks"}
     for flag, key in simple.items():
         if getattr(args, flag) is not None:
             changes[key] = getattr(args, flag)

@@ -1,5 +1,8 @@
 """`agentgym-opd bench`: the whole pipeline, for real, on the tiny student and the embedded household env.
 
+The first runs use the bench's own SFT warm start (``--base-models off``: fast to build); the last one
+starts from a miniature household base pair (the default path, built once into a test cache).
+
 One module-scoped bench run (sft and grpo, two seeds, tiny budgets: the pipeline, not the learning, is
 under test; two worker processes) in a subprocess with cwd=tmp_path, as a user would run it; a second run
 in the same output dir, all in one process (--jobs 1), reuses the cached warm start, reruns grpo seed 0
@@ -20,7 +23,7 @@ from agentgym_opd.cli import main
 from evaluation.records import validate_record
 
 TINY = ["--quick", "--steps", "2", "--eval-episodes", "2", "--warm-steps", "5", "--max-turns", "4", "--env-arg", "num_tasks=2",
-        "--no-progress"]
+        "--no-progress", "--base-models", "off"]
 SPLITS = ("household/train", "household/valid_seen", "household/valid_unseen")
 
 
@@ -47,8 +50,8 @@ def test_records_validate_one_per_algorithm_split_and_seed(first_run):
     for r in records:
         validate_record(r)
     got = sorted((r["algorithm"], r["env_id"], r["seed"]) for r in records)
-    want = sorted([("warm_start", e, 0) for e in SPLITS]
-                  + [(a, e, s) for a in ("sft", "grpo") for e in SPLITS for s in (0, 1)])
+    # the warm start is evaluated once (greedy) on both seeds' tasks and recorded per seed
+    want = sorted([(a, e, s) for a in ("warm_start", "sft", "grpo") for e in SPLITS for s in (0, 1)])
     assert got == want
     assert {r["student"] for r in records} == {"tiny+sft5"}
     assert all(r["teacher"] is None for r in records)  # neither sft nor grpo needs a teacher: none trained
@@ -117,3 +120,48 @@ def test_unknown_algorithm_is_a_clear_error_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "unknown algorithm(s) ['no_such_algo']" in err and "registered:" in err and "sft" in err
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- the default path: the household base pair
+BASE = ["--quick", "--steps", "2", "--eval-episodes", "3", "--max-turns", "6", "--no-progress", "--base-steps", "2",
+        "--base-train-tasks", "12", "--algos", "opd", "--seeds", "0,1", "--jobs", "1"]
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory):
+    import os
+
+    tmp_path = tmp_path_factory.mktemp("bench_base")
+    cmd = [sys.executable, "-m", "agentgym_opd.cli", "bench", *BASE, "--output-dir", str(tmp_path / "out")]
+    env = {**os.environ, "AGENTGYM_OPD_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp_path, proc, records_of(tmp_path / "out")
+
+
+def test_base_pair_rows_context_row_intervals_and_paired_tables(base_run):
+    tmp_path, proc, records = base_run
+    got = sorted((r["algorithm"], r["env_id"], r["seed"]) for r in records)
+    refs = ("warm_start", "warm_start+context", "teacher")
+    assert got == sorted([(a, e, s) for a in (*refs, "opd") for e in SPLITS for s in (0, 1)])
+    by = {(r["algorithm"], r["env_id"], r["seed"]): r for r in records}
+    student = by[("warm_start", "household/valid_unseen", 0)]["student"]
+    assert student.startswith("household-student-") and by[("teacher", "household/valid_unseen", 0)]["student"].startswith(
+        "household-teacher-")
+    assert by[("opd", "household/valid_unseen", 0)]["teacher"].startswith("household-teacher-")
+    assert by[("warm_start+context", "household/valid_unseen", 0)]["algorithm_config"]["bench"]["context"] is True
+    # each seed has its own 3 held-out tasks; the references are evaluated once on their union
+    assert by[("warm_start", "household/valid_unseen", 0)]["n_episodes"] == 3
+    assert by[("opd", "household/valid_unseen", 1)]["n_episodes"] == 3
+    # the curve is held-out success (valid_unseen) against rollout episodes, point 0 = the warm start
+    curve = by[("opd", "household/valid_unseen", 0)]["curve"]
+    assert [p["rollouts"] for p in curve] == [0, 4, 8] and "curve" not in by[("opd", "household/train", 0)]
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    cell = summary["intervals"]["opd"]["household/valid_unseen"]
+    assert cell["n"] == 6 and summary["intervals"]["warm_start"]["household/valid_unseen"]["n"] == 6 and 0 <= cell["low"] <= cell["mean"] <= cell["high"] <= 1
+    pairs = {(p["algorithm"], p["baseline"], p["env_id"]) for p in summary["paired"]}
+    assert ("opd", "warm_start", "household/valid_unseen") in pairs and ("teacher", "opd", "household/valid_seen") in pairs
+    assert next(p for p in summary["paired"] if p["algorithm"] == "opd" and p["baseline"] == "warm_start"
+                and p["env_id"] == "household/valid_unseen")["n"] == 6  # (seed, task) pairs
+    assert "minus opd" in proc.stdout and "minus warm_start" in proc.stdout
+    assert "base models ready in" in proc.stderr and "building base model student" in proc.stderr

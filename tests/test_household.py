@@ -10,7 +10,7 @@ from gymnasium.utils.env_checker import check_env
 
 from agentgym_opd.core import EnvMisuseError, UnknownTaskError
 from agentgym_opd.registry import list_envs, make
-from environments.household.commands import resolve
+from environments.household.commands import COMMAND_HELP, resolve
 from environments.household.env import HouseholdEnv
 from environments.household.generator import GoalDraw, is_unseen_combination, split_combinations
 from environments.household.goals import TASK_TYPES, Goal, GoalChecker
@@ -85,14 +85,16 @@ def test_initial_observation_is_alfworld_style_and_partial(envs):
     obs, info = env.reset(options={"task_id": task.id})
     assert obs.startswith("-= Welcome to TextWorld, ALFRED! =-")
     assert "You are in the middle of a room. Looking quickly around you, you see a " in obs
-    assert obs.endswith(f"Your task is to: {task.instruction}")
+    assert obs.endswith(f"Your task is to: {task.instruction}\n\n{COMMAND_HELP}")
+    assert "Admissible actions:" not in obs  # only with show_admissible=True
     assert "clean" in task.instruction
     # objects are not visible from the middle of the room
     assert not any(o in obs for o in env.world.o_names)
     world = env.world
     closed = next(i for i, name in enumerate(world.r_names) if world.r_openable[i] and not world.r_open[i])
     obs, *_ = env.step(f"go to {world.r_names[closed]}")
-    assert obs == f"You arrive at {world.r_names[closed]}. The {world.r_names[closed]} is closed."
+    neighbour = world.r_names[(closed + 1) % len(world.r_names)]
+    assert obs == f"You arrive at {world.r_names[closed]}. The {world.r_names[closed]} is closed. Next to it, you see the {neighbour}."
     obs, *_ = env.step(f"open {world.r_names[closed]}")
     assert obs.startswith(f"You open the {world.r_names[closed]}. The {world.r_names[closed]} is open. In it, you see ")
     assert env.step("inventory")[0] == "You are not carrying anything."
@@ -318,14 +320,14 @@ def test_partial_score_and_feedback_names_the_unmet_condition(envs):
     walk = task.privileged["walkthrough"]
     clean_at = next(i for i, a in enumerate(walk) if a.startswith("clean "))
     skipped = walk[:clean_at - 1] + walk[clean_at + 1:]  # drop "go to sinkbasin" and "clean ..."
-    env.max_turns = len(skipped)
+    default_turns, env.max_turns = env.max_turns, len(skipped)
     try:
         env.reset(options={"task_id": task.id})
         for action in skipped:
             obs, reward, terminated, truncated, info = env.step(action)
             assert info["error"] is None, (action, obs)
     finally:
-        env.max_turns = 30
+        env.max_turns = default_turns
     assert truncated and not terminated and reward == 0.0
     assert info["score"] == 0.0 and not info["success"]
     obj = skipped[-1].split(" in/on ")[0][len("put "):]
@@ -349,3 +351,90 @@ def test_feedback_counts_invalid_actions():
     assert truncated
     assert "2 of 3 actions failed (2 invalid commands)" in info["feedback"]
     assert "no receptacle called 'nowhere 1'" in info["feedback"]
+
+
+# ---------------------------------------------------------------- the observable expert's demonstrations
+def test_demonstration_replay_succeeds_within_the_turn_limit(envs):
+    for split, n in {"train": 120, "valid_seen": 60, "valid_unseen": 120}.items():
+        env = envs[split]
+        for task_id in env.task_ids()[:n]:
+            _, info = env.reset(options={"task_id": task_id})
+            demo = info["task"].privileged["demonstration"]
+            assert info["task"].metadata["demonstration_turns"] == len(demo) <= env.max_turns
+            assert len(demo) >= len(info["task"].privileged["walkthrough"])
+            for turn, action in enumerate(demo, 1):
+                obs, reward, terminated, truncated, info = env.step(action)
+                assert info["error"] is None, (task_id, action, obs)
+                assert terminated == (turn == len(demo)), (task_id, turn)
+            assert reward == 1.0 and info["success"]
+
+
+def test_demonstration_searches_in_listed_order_and_takes_the_first_object_it_sees(envs):
+    """Observable: before its first take the expert visits receptacles in the order the first observation
+    lists them, and it never walks past a receptacle where it saw a wanted object (the planner's walkthrough,
+    which knows where objects hide, breaks the first rule on most tasks)."""
+    env = envs["valid_unseen"]
+    walk_breaks = 0
+    for task_id in env.task_ids()[:120]:
+        obs, info = env.reset(options={"task_id": task_id})
+        task, world = info["task"], env.world
+        listed = obs.split("you see ", 1)[1]
+        position = {name: listed.index(f"a {name},") if f"a {name}," in listed else listed.index(f"a {name}.")
+                    for name in world.r_names}
+        wanted = task.metadata["object_type"]
+
+        def visits_before_take(actions):
+            names = []
+            for a in actions:
+                if a.startswith("take "):
+                    break
+                if a.startswith("go to "):
+                    names.append(a[6:])
+            return names
+
+        demo_visits = visits_before_take(task.privileged["demonstration"])
+        assert [position[n] for n in demo_visits] == sorted(position[n] for n in demo_visits), task_id
+        looks = []
+        for action in task.privileged["demonstration"]:
+            if action.startswith("take "):
+                break
+            obs, *_ = env.step(action)
+            if "you see " in obs:
+                looks.append(obs.split("you see ", 1)[1])
+        assert looks and f"a {wanted} " in looks[-1]
+        assert not any(f"a {wanted} " in seen for seen in looks[:-1]), task_id  # it would have taken it there
+        walk_visits = visits_before_take(task.privileged["walkthrough"])
+        walk_breaks += [position[n] for n in walk_visits] != sorted(position[n] for n in walk_visits) or \
+            len(walk_visits) < len(demo_visits)
+    assert walk_breaks > 60  # the test can tell the privileged plan from the observable one
+
+
+def test_show_admissible_lists_the_commands_in_every_observation():
+    env = HouseholdEnv("valid_unseen", show_admissible=True)
+    obs, info = env.reset(options={"task_id": env.task_ids()[3]})
+    assert obs.endswith("Admissible actions: " + ", ".join(info["admissible_actions"]) + ".")
+    obs, _, _, _, info = env.step(info["admissible_actions"][0])
+    assert obs.endswith("Admissible actions: " + ", ".join(info["admissible_actions"]) + ".")
+    plain = HouseholdEnv("valid_unseen").reset(options={"task_id": env.task_ids()[3]})[0]
+    assert obs != plain and "Admissible actions" not in plain
+
+
+def test_the_search_follows_the_neighbour_each_observation_names(envs):
+    """The fact that makes the search learnable: arriving somewhere names the next receptacle around the ring,
+    and every search step of the demonstration goes exactly there (or skips the target to the one after)."""
+    env = envs["valid_seen"]
+    for task_id in env.task_ids()[:60]:
+        obs, info = env.reset(options={"task_id": task_id})
+        task, world = info["task"], env.world
+        last_named = None
+        for action in task.privileged["demonstration"]:
+            if action.startswith("take "):
+                break
+            if action.startswith("go to ") and last_named is not None:
+                target = task.metadata["target"]
+                after_target = world.r_names[(world.r_index[target] + 1) % len(world.r_names)] if target in world.r_index else None
+                assert action[6:] in (last_named, after_target if last_named == target else None), (task_id, action)
+            obs, *_ = env.step(action)
+            if "Next to it, you see the " in obs:
+                last_named = obs.rsplit("Next to it, you see the ", 1)[1].rstrip(".")
+        assert last_named is not None

@@ -6,10 +6,21 @@ command language and sees ALFWorld-style observations; a command outside the adm
 `invalid_action` error (ALFWorld prints "Nothing happens."; we say why). Reward is 1.0 on the step
 that completes the goal (which ends the episode), else 0; `score` is the fraction of goal conditions met.
 
+The first observation ends with the command grammar (`COMMAND_HELP`), so a model that never saw the world
+knows what it may say. With `show_admissible=True` every observation also lists the admissible commands
+of the new state (ALFWorld hands them out through its `admissible_commands` info; `info` has them here
+either way).
+
+Privileged data per task: `walkthrough` (the planner's shortest plan, which goes straight to hidden
+objects), `solution` (the same as text) and `demonstration` (the observable expert of `expert`: it searches
+until it sees the object, so a model cloned on it can generalise to rooms it never saw).
+
 Options: `num_tasks` (defaults: 2000 train, 200 per valid split), `task_types` (a subset of the six
-types; the registered ids `household/<split>-<task_type>` set it to one), `max_turns` (default 30; the
-longest optimal walkthrough is well under 20). `data_root` is accepted for interface symmetry with the
-data-backed families and ignored: this world needs no data.
+types; the registered ids `household/<split>-<task_type>` set it to one), `max_turns` (default 40: the
+observable expert needs 16 turns on average and at most 35 on the valid splits (one train task in 2000
+needs 41), the planner's walkthrough under 20),
+`show_admissible` (default False). `data_root` is accepted for interface symmetry with the data-backed
+families and ignored: this world needs no data.
 """
 
 from __future__ import annotations
@@ -19,7 +30,8 @@ from typing import Any
 
 from agentgym_opd.core import StepOutcome, TextEnv, UnknownTaskError, fit_to_charset
 from agentgym_opd.types import StepError, Task
-from environments.household.commands import explain, resolve
+from environments.household.commands import COMMAND_HELP, explain, resolve
+from environments.household.expert import demonstration
 from environments.household.generator import (
     DEFAULT_NUM_TASKS, SPLITS, GoalDraw, build_world, is_unseen_combination, task_indices,
 )
@@ -38,8 +50,8 @@ class HouseholdEnv(TextEnv):
     valid_outcomes = True
 
     def __init__(self, split: str = "train", *, num_tasks: int | None = None,
-                 task_types: tuple[str, ...] | list[str] | str | None = None, max_turns: int = 30,
-                 data_root: str | os.PathLike | None = None, **kwargs: Any):
+                 task_types: tuple[str, ...] | list[str] | str | None = None, max_turns: int = 40,
+                 show_admissible: bool = False, data_root: str | os.PathLike | None = None, **kwargs: Any):
         if split not in SPLITS:
             raise ValueError(f"unknown household split {split!r}; expected one of {', '.join(SPLITS)}")
         if isinstance(task_types, str):
@@ -56,6 +68,7 @@ class HouseholdEnv(TextEnv):
         kwargs.setdefault("env_id", default_id)
         super().__init__(split, max_turns=max_turns, **kwargs)
         self.num_tasks = num_tasks
+        self.show_admissible = bool(show_admissible)
         self.task_types = task_types
         self._draws = {d.task_id: d for d in (GoalDraw(split, i) for i in task_indices(num_tasks, task_types))}
         self._ids = list(self._draws)
@@ -77,6 +90,7 @@ class HouseholdEnv(TextEnv):
         world = build_world(draw)
         checker = GoalChecker(draw.goal, world)
         walkthrough = plan(world, checker)
+        demo = demonstration(world, checker)
         goal = draw.goal
         if goal.target == LAMP:
             prep, target_type = "", LAMP
@@ -86,12 +100,14 @@ class HouseholdEnv(TextEnv):
         privileged = {
             "walkthrough": walkthrough,
             "solution": "\n".join(f"> {a}" for a in walkthrough),
+            "demonstration": demo,
         }
         metadata = {
             "task_type": goal.task_type, "scene": draw.scene.name, "object_type": goal.obj_type,
             "target": goal.target, "combination": [goal.obj_type, target_type],
             "unseen_combination": is_unseen_combination(goal.obj_type, target_type),
             "index": draw.index, "optimal_turns": len(walkthrough),
+            "demonstration_turns": len(demo),
         }
         task = Task(task_id, self.env_id, self.split, instruction, privileged, metadata)
         self._tasks[task_id] = task
@@ -102,7 +118,13 @@ class HouseholdEnv(TextEnv):
         draw = self._draws[task.id]
         self.world = build_world(draw)
         self.checker = GoalChecker(draw.goal, self.world)
-        return f"{WELCOME}\n\n{self.world.look()}\n\nYour task is to: {task.instruction}"
+        first = f"{WELCOME}\n\n{self.world.look()}\n\nYour task is to: {task.instruction}\n\n{COMMAND_HELP}"
+        return self._with_admissible(first)
+
+    def _with_admissible(self, observation: str) -> str:
+        if not self.show_admissible:
+            return observation
+        return f"{observation}\nAdmissible actions: {', '.join(self.world.admissible())}."
 
     def _act(self, action: str) -> StepOutcome:
         world = self.world
@@ -116,7 +138,7 @@ class HouseholdEnv(TextEnv):
                            "in this state.")
                 observation = fit_to_charset(f"Nothing happens. {message}")  # the message quotes the agent
                 return StepOutcome(observation, error=StepError("invalid_action", message))
-        observation = world.execute(cmd)
+        observation = self._with_admissible(world.execute(cmd))
         success = self.checker.check()[0]
         return StepOutcome(observation, 1.0 if success else 0.0, success)
 

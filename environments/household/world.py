@@ -5,6 +5,11 @@ and every string the hot path needs is built once, because an RL rollout steps t
 `admissible()` is cached until the state changes, `go to` commands are precomputed per location, and a
 command is a small tuple `(op, a, b)` that the env finds by a dict lookup from the admissible text.
 
+The receptacles stand in a ring around the room in the order the first observation lists them, and
+arriving at (or opening) a receptacle names its neighbour ("Next to it, you see the countertop 1."): the
+one fact an agent needs to search the room without remembering the whole listing, so an observable
+search policy is learnable by a small model.
+
 Semantics follow ALFWorld's TextWorld PDDL: the agent is at one receptacle (or in the middle of the room
 at the start); an openable receptacle's contents are visible, and can be taken from or put into, only
 while it is open; the agent holds at most one object; `heat`/`cool`/`clean` need the agent at a
@@ -187,13 +192,13 @@ class World:
         self.apply(cmd)
         op, a, b = cmd
         if op == GOTO:
-            return f"You arrive at {self.r_names[a]}. {self.view(a)}"
+            return f"You arrive at {self.r_names[a]}. {self.view(a)} {self.next_to(a)}"
         if op == TAKE:
             return f"You pick up the {self.o_names[a]} from the {self.r_names[b]}."
         if op == PUT:
             return f"You put the {self.o_names[a]} {self.r_prep[b]} the {self.r_names[b]}."
         if op == OPEN:
-            return f"You open the {self.r_names[a]}. {self.view(a)}"
+            return f"You open the {self.r_names[a]}. {self.view(a)} {self.next_to(a)}"
         if op == CLOSE:
             return f"You close the {self.r_names[a]}."
         if op == HEAT or op == COOL or op == CLEAN_OP:
@@ -230,7 +235,14 @@ class World:
     def look(self) -> str:
         if self.loc < 0:
             return self._look_middle
-        return f"You are facing the {self.r_names[self.loc]}. Next to it, you see nothing."
+        return f"You are facing the {self.r_names[self.loc]}. {self.next_to(self.loc)}"
+
+    def neighbour(self, rid: int) -> int:
+        """The next receptacle around the ring (listing order, wrapping round)."""
+        return (rid + 1) % len(self.r_names)
+
+    def next_to(self, rid: int) -> str:
+        return f"Next to it, you see the {self.r_names[self.neighbour(rid)]}."
 
     def where_is(self, oid: int) -> str:
         """Plain-words location of an object, for feedback ('in your hand', 'in cabinet 2')."""

@@ -1,0 +1,250 @@
+"""Base models for the embedded bench: a small student and a larger teacher, trained once on household/train.
+
+The papers distil between instruction-tuned models that already (a) act sensibly in the domain and (b) can
+read extra context in their prompt (a solution, feedback on a failed attempt, a successful sibling). A
+randomly initialised tiny model has neither, so every self-teacher method would distil noise. This module
+builds the analogue once, offline, as ordinary Hugging Face folders:
+
+* the data: one episode per train task, played through the same `RolloutEngine` (and chat template) the
+  bench's rollouts use, so what the model learns to say is token for token what it will be asked to say.
+  Without context the actions are the observable expert's `privileged["demonstration"]` (it searches until
+  it sees the object: learnable, and it generalises to held-out combinations). A share of episodes
+  (`context_share`) carries a context block after the first observation, in the exact formats the
+  self-teachers use (`agentgym_opd.distill`): the task's walkthrough (the actions are then that walkthrough:
+  copying a plan from context is the skill OPSD/VPD/LOPD teachers need), a successful sibling's actions
+  (SDPO; the actions follow the sibling) or feedback on a failed attempt (SDPO; the actions are the
+  demonstration: the network learns that such feedback does not derail it);
+* the models: Llama-style, the tiny tokenizer (the same for both: distillation compares their token
+  distributions), student smaller than teacher, plain next-token cross-entropy on the agent's tokens;
+* the cache: `<cache>/bench-base/<name>-<key>/model`, the key a hash of every setting (`BaseModelSpec`),
+  so a changed recipe can never hand back a stale model; a build is deterministic (seeded data order and
+  initialisation, one torch thread recommended) and shows a progress bar.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+BUILD_VERSION = 1  # bump when the data or the recipe changes in a way the spec does not capture
+TRAIN_ENV = "household/train"
+CONTEXT_KINDS = ("walkthrough", "sibling", "feedback")
+CONTEXT_WEIGHTS = (0.5, 0.25, 0.25)
+
+
+@dataclass(frozen=True)
+class BaseModelSpec:
+    """Every setting a base model depends on (its cache key)."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    steps: int
+    batch_size: int = 8
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    train_tasks: int = 2000
+    context_share: float = 0.35
+    max_turns: int = 40
+    seed: int = 0
+    version: int = BUILD_VERSION
+
+    def key(self) -> str:
+        return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+
+
+# The bench's pair: the teacher is wider, deeper and trained longer than the student.
+STUDENT_SPEC = BaseModelSpec("student", hidden=64, layers=2, heads=4, steps=300)
+TEACHER_SPEC = BaseModelSpec("teacher", hidden=128, layers=3, heads=4, steps=600)
+
+
+def base_model_dir(spec: BaseModelSpec) -> Path:
+    from agentgym_opd.policy.tiny import cache_dir
+
+    return cache_dir() / "bench-base" / f"{spec.name}-{spec.key()}"
+
+
+def cached_base_model(spec: BaseModelSpec) -> Path | None:
+    model = base_model_dir(spec) / "model"
+    return model if (model / "config.json").is_file() and (model / "tokenizer.json").is_file() else None
+
+
+def ensure_base_model(spec: BaseModelSpec, *, progress: bool = True, log: Callable[[str], None] = print) -> Path:
+    """The spec's model folder, building it first if it is not cached (prints the one-time build time)."""
+    cached = cached_base_model(spec)
+    if cached is not None:
+        return cached
+    final = base_model_dir(spec)
+    tmp = final.with_name(final.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    started = time.perf_counter()
+    log(f"building base model {spec.name} ({spec.hidden}x{spec.layers}, {spec.steps} steps; once, cached in {final})")
+    build_base_model(spec, tmp / "model", progress=progress)
+    (tmp / "spec.json").write_text(json.dumps(dataclasses.asdict(spec), indent=2) + "\n", encoding="utf-8")
+    wall = time.perf_counter() - started
+    (tmp / "build_time_s.txt").write_text(f"{wall:.1f}\n", encoding="utf-8")
+    try:
+        tmp.rename(final)
+    except OSError:  # another process finished first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"base model {spec.name} built in {wall / 60:.1f} min (one-time; not part of the bench's own time)")
+    return final / "model"
+
+
+def build_base_model(spec: BaseModelSpec, out: Path, *, progress: bool = True) -> Path:
+    """Initialise (seeded) and train one base model into ``out`` (a plain HF folder)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentgym_opd.policy.hf import HFPolicy
+    from agentgym_opd.policy.tiny import GENERIC_TEXT, build_tiny_model, env_corpus
+
+    build_tiny_model(out, env_corpus() + GENERIC_TEXT, hidden=spec.hidden, layers=spec.layers, heads=spec.heads,
+                     seed=spec.seed)
+    tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    policy = HFPolicy(model, tokenizer)
+    examples = training_examples(policy, spec)
+    train_on_examples(model, examples, spec, pad_id=policy.pad_id, progress=progress)
+    model.eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    del torch
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data: expert episodes with and without context, as (token ids, loss mask)
+# ----------------------------------------------------------------------------------------------------
+
+
+def context_plan(task: Any, kind: str, env: Any, rng: random.Random) -> tuple[str | None, list[str]]:
+    """(context text or None, the actions the episode then takes) for one task and context kind."""
+    from agentgym_opd.distill import actions_block, privileged_text, with_context
+
+    demo = list(task.privileged["demonstration"])
+    if kind == "none":
+        return None, demo
+    if kind == "walkthrough":
+        return privileged_text(task), list(task.privileged["walkthrough"])
+    if kind == "sibling":
+        return with_context(["A successful attempt at this task. " + actions_block(demo), SDPO_INSTRUCTION]), demo
+    if kind == "feedback":
+        return with_context(["Feedback on your previous attempt: " + failed_attempt_feedback(env, task, rng),
+                             SDPO_INSTRUCTION]), demo
+    raise ValueError(f"unknown context kind {kind!r}; expected none or one of {CONTEXT_KINDS}")
+
+
+SDPO_INSTRUCTION = "Solve the original task correctly."  # the closing line SDPO's teacher prompt uses
+
+
+def failed_attempt_feedback(env: Any, task: Any, rng: random.Random) -> str:
+    """The env's own feedback after a plausible failed attempt: a prefix of the demonstration cut short."""
+    demo = task.privileged["demonstration"]
+    env.reset(options={"task_id": task.id})
+    for action in demo[: rng.randrange(len(demo))]:
+        env.step(action)
+    return env.episode_feedback()
+
+
+def choose_kind(rng: random.Random, share: float) -> str:
+    if rng.random() >= share:
+        return "none"
+    return rng.choices(CONTEXT_KINDS, weights=CONTEXT_WEIGHTS)[0]
+
+
+def training_examples(policy: Any, spec: BaseModelSpec) -> list[tuple[list[int], list[int]]]:
+    """One expert episode per train task (first ``spec.train_tasks``), context per ``choose_kind``."""
+    from agentgym_opd.policy.base import SamplingParams
+    from agentgym_opd.registry import make
+    from agentgym_opd.rollout import RolloutEngine
+    from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
+    from algorithms.sft import ScriptedPolicy
+
+    env = make(TRAIN_ENV, num_tasks=spec.train_tasks, max_turns=spec.max_turns)
+    scratch = make(TRAIN_ENV, num_tasks=spec.train_tasks, max_turns=spec.max_turns)
+    rng = random.Random(f"base-model-data/{spec.seed}")
+    examples = []
+    for task_id in env.task_ids():
+        task = env.get_task(task_id)
+        context, actions = context_plan(task, choose_kind(rng, spec.context_share), scratch, rng)
+        if len(actions) > spec.max_turns:  # 1 train task in 2000 (a lamp found only after a full round)
+            continue
+        longest = max(len(policy.tokenizer.encode(a, add_special_tokens=False)) for a in actions)
+        engine = RolloutEngine(ScriptedPolicy(policy, actions), SamplingParams(max_new_tokens=longest + 1),
+                               system_prompt=DEFAULT_SYSTEM_PROMPT, action_parser="text")
+        batch = engine.collect([env], [task_id], seed=0, contexts=[context])
+        episode = batch.episodes[0]
+        if not episode.success:
+            raise RuntimeError(f"expert episode of {task_id} did not succeed: the demonstration is broken")
+        n = int(batch.attention_mask[0].sum())
+        examples.append((batch.input_ids[0, :n].tolist(), batch.loss_mask[0, :n].tolist()))
+    return examples
+
+
+# ----------------------------------------------------------------------------------------------------
+# Training: next-token cross-entropy on the agent's tokens
+# ----------------------------------------------------------------------------------------------------
+
+
+def learning_rate(step: int, spec: BaseModelSpec) -> float:
+    """Linear warm-up, then cosine decay to a tenth of the peak."""
+    if step < spec.warmup_steps:
+        return spec.lr * (step + 1) / spec.warmup_steps
+    progress = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
+    return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def train_on_examples(model: Any, examples: list[tuple[list[int], list[int]]], spec: BaseModelSpec, *, pad_id: int,
+                      progress: bool = True) -> list[float]:
+    """AdamW on seeded mini-batches; returns the loss of every step."""
+    import torch
+    from tqdm import tqdm
+
+    torch.manual_seed(spec.seed)
+    rng = random.Random(f"base-model-batches/{spec.seed}")
+    model.train()
+    optimiser = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
+    losses = []
+    order: list[int] = []
+    bar = tqdm(range(spec.steps), desc=f"base model {spec.name}", unit="step", disable=not progress)
+    for step in bar:
+        if len(order) < spec.batch_size:
+            fresh = list(range(len(examples)))
+            rng.shuffle(fresh)
+            order += fresh
+        rows = [examples[order.pop()] for _ in range(spec.batch_size)]
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros((len(rows), width))
+        for i, (seq, m) in enumerate(rows):
+            ids[i, : len(seq)] = torch.tensor(seq)
+            attn[i, : len(seq)] = 1
+            mask[i, : len(m)] = torch.tensor(m, dtype=torch.float)
+        for group in optimiser.param_groups:
+            group["lr"] = learning_rate(step, spec)
+        # the LM head only where a loss is taken (the agent's tokens, ~10% of positions): for a small model the
+        # vocabulary projection is most of the compute
+        hidden = model.model(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
+        where = mask[:, 1:] > 0
+        logits = model.lm_head(hidden[where])
+        loss = torch.nn.functional.cross_entropy(logits, ids[:, 1:][where])
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimiser.step()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    model.eval()
+    return losses

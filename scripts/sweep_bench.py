@@ -1,0 +1,110 @@
+"""Tune the bench's hyper-parameters per algorithm, choosing on household/valid_seen ONLY.
+
+For each algorithm: a grid over the learning rate, the rollout temperature and the method's one or two
+main knobs (`MAIN_KNOBS`); every point is a bench run of that one algorithm (same warm start, teacher,
+budget and seeds as the bench), scored by its pooled `valid_seen` success. `valid_unseen` is evaluated
+by nothing here (the bench's eval splits are restricted to train + valid_seen), so the choice can never
+peek at it. Output: `<out>/sweep.json` (every point) and a markdown table with the chosen point per
+algorithm, ready for README and for `--algo-set` / the bench's per-algorithm defaults.
+
+    python scripts/sweep_bench.py --algos grpo,opd --seeds 0 --out runs/sweep      # a slice
+    python scripts/sweep_bench.py --quick --algos opd                              # smoke
+
+Cost: points x seeds bench runs per algorithm; with the defaults below 3 lr x 2 temperatures x up to 2
+knob values = 12 points per algorithm. Run it where CPU time is plentiful; it writes after every point,
+so an interrupted sweep keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+LEARNING_RATES = (1e-4, 3e-4, 1e-3)
+TEMPERATURES = (0.5, 1.0)
+# each method's main knob(s): the values tried (the first is the method's own default)
+MAIN_KNOBS: dict[str, dict[str, tuple]] = {
+    "sft": {"algo.context_fraction": (0.0, 0.5)},
+    "grpo": {"algo.kl_coef": (0.0, 0.01)},
+    "opd": {"algo.divergence": ("reverse_kl", "jsd")},
+    "opsd": {"algo.teacher": ("frozen", "ema")},
+    "sdpo": {"algo.distill_weight": (1.0, 0.5)},
+    "vpd": {"algo.beta": (0.1, 0.5)},
+    "lopd": {"algo.num_experiences": (2, 4)},
+    "sage_opd": {"algo.alpha": (0.5, 0.25)},
+}
+SELECTION_SPLIT = "household/valid_seen"
+
+
+def grid(algo: str) -> list[dict[str, object]]:
+    """Every point of an algorithm's grid: {'lr':..., 'temperature':..., '<algo knob>':...}."""
+    knobs = MAIN_KNOBS.get(algo, {})
+    names = list(knobs)
+    points = []
+    for lr, temp, *values in itertools.product(LEARNING_RATES, TEMPERATURES, *[knobs[n] for n in names]):
+        points.append({"lr": lr, "temperature": temp, **dict(zip(names, values))})
+    return points
+
+
+def choose(points: list[dict]) -> dict | None:
+    """The point with the best valid_seen success (ties: the earlier point, i.e. the smaller lr)."""
+    scored = [p for p in points if p.get("valid_seen") is not None]
+    return max(scored, key=lambda p: p["valid_seen"]) if scored else None
+
+
+def run_point(algo: str, point: dict, args: argparse.Namespace, out: Path) -> float | None:
+    from evaluation.bench import BenchSettings, mean_success, run_bench
+
+    knobs = [f"{k}={v}" for k, v in point.items() if k.startswith("algo.")]
+    changes = dict(algos=[algo], seeds=args.seeds, lr=point["lr"], temperature=point["temperature"],
+                   algo_overrides={algo: knobs}, eval_envs=[SELECTION_SPLIT], output_dir=str(out),
+                   progress=False)
+    if args.steps:
+        changes["steps"] = args.steps
+    settings = BenchSettings.quick(**changes) if args.quick else BenchSettings(**changes)
+    summary = run_bench(settings)
+    if summary["failures"]:
+        return None
+    return mean_success(summary, algo, SELECTION_SPLIT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--algos", default=",".join(MAIN_KNOBS), help="comma-separated algorithms")
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds per point")
+    parser.add_argument("--steps", type=int, default=None, help="update steps per run (default: the bench's)")
+    parser.add_argument("--quick", action="store_true", help="the bench's --quick settings per point (smoke)")
+    parser.add_argument("--out", default="runs/sweep")
+    args = parser.parse_args(argv)
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, list[dict]] = {}
+    for algo in [a.strip() for a in args.algos.split(",") if a.strip()]:
+        results[algo] = []
+        for i, point in enumerate(grid(algo)):
+            started = time.perf_counter()
+            seen = run_point(algo, point, args, out / algo / f"point{i}")
+            results[algo].append({**point, "valid_seen": seen, "wall_s": round(time.perf_counter() - started, 1)})
+            (out / "sweep.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+            print(f"{algo} {point}: valid_seen {seen}", file=sys.stderr)
+    lines = ["| algorithm | lr | temperature | knobs | valid_seen success (chosen) | points |", "|---|---|---|---|---|---|"]
+    for algo, points in results.items():
+        best = choose(points)
+        if best is None:
+            lines.append(f"| {algo} | - | - | - | all points failed | {len(points)} |")
+            continue
+        knobs = ", ".join(f"{k}={v}" for k, v in best.items() if k.startswith("algo."))
+        lines.append(f"| {algo} | {best['lr']} | {best['temperature']} | {knobs} | {best['valid_seen']:.3f} | {len(points)} |")
+    table = "\n".join(lines)
+    (out / "sweep.md").write_text(table + "\n", encoding="utf-8")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
