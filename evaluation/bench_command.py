@@ -53,8 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="config override for one algorithm only, e.g. grpo:algo.kl_coef=0.01")
     parser.add_argument("--skip-warm-start", action="store_true", help="start every algorithm from --student as is")
     parser.add_argument("--base-models", choices=("auto", "off"), default=None,
-                        help="auto (default): on household with the tiny student, start from the cached household "
-                             "base pair (student, larger teacher; built once); off: SFT warm start and teacher")
+                        help="auto: on household with the tiny student, start from the cached household base pair "
+                             "(student, larger teacher; built once; slow, see README); off (default): SFT warm "
+                             "start and teacher trained by the bench")
     parser.add_argument("--base-steps", type=int, default=None, metavar="N",
                         help="training steps of the base student (teacher: 3N); default the specs' own")
     parser.add_argument("--base-train-tasks", type=int, default=None, metavar="N",
@@ -113,7 +114,7 @@ def settings_from_args(args: argparse.Namespace):
         per_algo.setdefault(name, []).append(override)
     changes.update(algo_overrides=per_algo, overrides=list(args.overrides or []), skip_warm_start=args.skip_warm_start,
                    publish=args.publish, progress=not args.no_progress)
-    settings = BenchSettings.quick(**changes) if args.quick else BenchSettings(**changes)
+    settings = BenchSettings.quick(**changes) if args.quick else BenchSettings.full(**changes)
     if args.budget is not None:
         if args.steps is not None:
             raise ValueError("give --steps or --budget, not both")

@@ -122,9 +122,9 @@ def test_unknown_algorithm_is_a_clear_error_exit_2(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-# ---------------------------------------------------------------- the default path: the household base pair
+# ---------------------------------------------------------------- the household base pair (--base-models auto)
 BASE = ["--quick", "--steps", "2", "--eval-episodes", "3", "--max-turns", "6", "--no-progress", "--base-steps", "2",
-        "--base-train-tasks", "12", "--algos", "opd", "--seeds", "0,1", "--jobs", "1"]
+        "--base-train-tasks", "12", "--base-models", "auto", "--algos", "opd", "--seeds", "0,1", "--jobs", "1"]
 
 
 @pytest.fixture(scope="module")
