@@ -487,7 +487,17 @@ class DistillationAlgorithm(Algorithm):
 
     def chunked_terms(self, batch: RolloutBatch, rows: slice, state: DistillState) -> DistillTerms | None:
         """The per-token terms without any ``[b, T, V]`` (chunked; see :func:`chunked_distillation_terms`),
-        or None when the teacher offers neither hidden states nor scores (then the full-logit path runs)."""
+        or None when the teacher offers neither hidden states nor scores, or the student is wrapped by DDP or
+        FSDP (then the full-logit path runs: the chunked path reads the body directly, past the wrapper's
+        forward and so past its gradient-sync and all-gather hooks)."""
+        from agentgym_opd.distributed import is_fsdp
+
+        if isinstance(self.model, torch.nn.parallel.DistributedDataParallel) or is_fsdp(self.model):
+            if self.teacher_scorer() is not None:
+                raise ValueError("a served teacher (model.teacher_backend=vllm) needs the chunked student path, "
+                                 "which does not run under train.strategy=ddp/fsdp yet: use one process per "
+                                 "trainer or model.teacher_backend=hf")
+            return None
         device = next(self.model.parameters()).device
         attention = batch.attention_mask[rows]
         width = int(attention.sum(dim=1).max())

@@ -1,6 +1,4 @@
-"""SFT: behaviour cloning on expert episodes: the task's observable ``privileged["demonstration"]`` where the
-env has one (an expert that acts only on what the agent can see, so the student can imitate it on unseen
-tasks), else its ``privileged["walkthrough"]``; an episode shown the privileged context copies the walkthrough.
+"""SFT: behaviour cloning on the expert walkthroughs in ``task.privileged["walkthrough"]``.
 
 Teacher: none. Signal: cross-entropy on the expert's action tokens, agent tokens only.
 
@@ -84,7 +82,7 @@ def expert_batch(student: Any, env: Any, task_ids: Sequence[str], *, engine_temp
     for k, task_id in enumerate(task_ids):
         task = env.get_task(task_id)
         context = privileged_text(task) if context_fraction > 0 and rng.random() < context_fraction else None
-        walkthrough = (None if context else task.privileged.get("demonstration")) or task.privileged.get("walkthrough")
+        walkthrough = task.privileged.get("walkthrough")
         if not walkthrough:
             raise ValueError(f"task {task_id!r} of {env.env_id} has no privileged['walkthrough']: SFT needs expert actions")
         longest = max(len(engine_template.policy.tokenizer.encode(a, add_special_tokens=False)) for a in walkthrough)

@@ -32,7 +32,8 @@ TEACHER_FROM_CHECKPOINT = ("opd", "sage_opd")
 FLAGS = {"steps": "--steps", "episodes_per_step": "--episodes-per-step", "group_size": "--group-size", "lr": "--lr",
          "temperature": "--temperature", "eval_episodes": "--eval-episodes", "max_turns": "--max-turns",
          "warm_steps": "--warm-steps", "teacher_steps": "--teacher-steps", "student": "--student",
-         "teacher": "--teacher", "env": "--env"}
+         "teacher": "--teacher", "env": "--env", "base_models": "--base-models", "base_steps": "--base-steps",
+         "base_train_tasks": "--base-train-tasks"}
 # settings with no flag: a bench that changed them cannot be rebuilt as a command
 NO_FLAG = ("eval_points", "eval_seed", "warm_lr", "warm_context_fraction", "teacher_lr", "sft_tasks_per_step", "max_new_tokens")
 
@@ -42,7 +43,7 @@ def bench_command(settings: dict[str, Any]) -> list[str]:
     from evaluation.bench import BenchSettings
 
     quick = BenchSettings.quick(env=settings["env"]).__dict__
-    full = BenchSettings(env=settings["env"]).__dict__
+    full = BenchSettings.full(env=settings["env"]).__dict__
     differs = lambda base: sum(settings.get(k) != base.get(k) for k in [*FLAGS, *NO_FLAG, "seeds", "env_args"])  # noqa: E731
     use_quick = differs(quick) <= differs(full)
     base = quick if use_quick else full

@@ -180,12 +180,13 @@ def capture_traces(algorithm: Any, batch: Any, limit: int = 3) -> list[dict[str,
         model.eval()
         try:
             with torch.no_grad():
-                per_token, mask, student_logits, teacher_logits, _ = algorithm.distillation_terms(batch, rows)
+                state = algorithm.prepare(batch)  # what the method decides once per batch (SAGE: verdicts, s_t)
+                per_token, mask, student_logits, teacher_logits, _ = algorithm.distillation_terms(batch, rows, state)
                 turn_of = batch.turn_index[rows][:, 1: mask.shape[1] + 1].to(mask.device)
                 token_weights = None
-                if hasattr(algorithm, "turn_weights") and hasattr(algorithm, "verdicts"):
-                    token_weights, _ = algorithm.turn_weights(batch, rows, turn_of, mask, teacher_logits)
-                    labels = [list(row) for row in algorithm.verdicts(batch).labels[rows]]
+                if getattr(state, "weights", None) is not None and getattr(state, "verdicts", None) is not None:
+                    token_weights = state.weights[rows][:, : mask.shape[1]].to(mask.device) * mask
+                    labels = [list(row) for row in state.verdicts.labels[rows]]
         finally:
             model.train(was_training)
         config = algorithm.config

@@ -119,10 +119,9 @@ def test_algorithm_loss_on_the_chunked_path_equals_the_full_logit_path(rollout, 
         method = OPD({"top_m": 8}, policy, teacher)
     else:
         method = OPSD({"top_m": 8, "top_m_support": "teacher", "tail": False}, policy)
-    rows = slice(0, len(batch))
-    loss, metrics = method.compute_loss(batch, rows)
+    loss, metrics = method.loss(batch)
     method.teacher_hidden = lambda inputs, width: None  # today's path: full teacher logits
-    full_loss, full_metrics = method.compute_loss(batch, rows)
+    full_loss, full_metrics = method.loss(batch)
     assert abs(float(loss) - float(full_loss)) < 1e-5
     assert abs(metrics["kl"] - full_metrics["kl"]) < 1e-5 and metrics["kl"] > 0
 
@@ -143,11 +142,10 @@ class ScoringOnlyTeacher:
                          ids=["topm-teacher-support", "sampled"])
 def test_opd_against_a_scoring_only_teacher_equals_the_in_process_teacher(rollout, teacher, algo):
     policy, batch = rollout
-    rows = slice(0, len(batch))
     served = OPD(algo, policy, ScoringOnlyTeacher(teacher))
     assert served.teacher_hidden is not None and served.teacher_scorer() is not None
-    loss, _ = served.compute_loss(batch, rows)
-    reference, _ = OPD(algo, policy, teacher).compute_loss(batch, rows)
+    loss, _ = served.loss(batch)
+    reference, _ = OPD(algo, policy, teacher).loss(batch)
     assert abs(float(loss.detach()) - float(reference.detach())) < 1e-5
     loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.model.parameters())

@@ -40,7 +40,7 @@ def test_opd_trace_holds_the_losss_per_token_divergence_turn_by_turn(setup):
     traces = capture_traces(algo, batch, limit=2)
     rows = slice(0, 2)
     with torch.no_grad():
-        per_token, mask, *_ = algo.distillation_terms(batch, rows)
+        per_token, mask, *_ = algo.distillation_terms(batch, rows, algo.prepare(batch))
     assert len(traces) == 2 and check_episodes(traces) is None
     for r, trace in enumerate(traces):
         episode = batch.episodes[r]
@@ -63,9 +63,9 @@ def test_sage_opd_trace_carries_its_turn_labels_and_weights(setup):
     traces = capture_traces(algo, batch, limit=2)
     rows = slice(0, 2)
     with torch.no_grad():
-        _, mask, _, teacher_logits, _ = algo.distillation_terms(batch, rows)
-        turn_of = batch.turn_index[rows][:, 1: mask.shape[1] + 1]
-        weights, _ = algo.turn_weights(batch, rows, turn_of, mask, teacher_logits)
+        state = algo.prepare(batch)
+        _, mask, _, teacher_logits, _ = algo.distillation_terms(batch, rows, state)
+        weights = state.weights[rows][:, : mask.shape[1]] * mask
     for r, trace in enumerate(traces):
         for k, turn in enumerate(trace["turns"]):
             error = batch.episodes[r].turns[k].error

@@ -99,7 +99,7 @@ def test_weights_hash_follows_the_weights():
     (False, ["--seeds", "0,1", "--steps", "8", "--env-arg", "num_tasks=6", "--algo-set", "grpo:algo.kl_coef=0.01"]),
 ])
 def test_bench_command_rebuilt_from_settings_means_the_same_settings(quick, flags):
-    from agentgym_opd.commands.bench import add_arguments, settings_from_args
+    from evaluation.bench_command import add_arguments, settings_from_args
     from evaluation.bench_import import bench_command
 
     parser = argparse.ArgumentParser()

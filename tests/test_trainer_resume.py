@@ -57,7 +57,8 @@ def kill_after_first_checkpoint(cmd: list[str], cwd: Path, out: Path) -> str:
 
 def metrics(out: Path) -> list[dict]:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [{k: v for k, v in row.items() if k not in TIMING_FIELDS} for row in rows]
+    return [{k: v for k, v in row.items() if k not in TIMING_FIELDS and not k.startswith(("time/", "mem/"))}
+            for row in rows]  # wall-clock seconds and resident memory are measurements, not results
 
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:

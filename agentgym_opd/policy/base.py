@@ -22,6 +22,8 @@ from typing import Any, ContextManager, Literal, Protocol, Sequence, runtime_che
 
 import torch
 
+from agentgym_opd.losses import tail_logprob  # noqa: F401 - one definition, re-exported for backends
+
 
 @dataclass
 class SamplingParams:
@@ -72,12 +74,6 @@ class TokenScores:
     top_ids: torch.Tensor | None = None
     top_logprobs: torch.Tensor | None = None
     tail_logprob: torch.Tensor | None = None
-
-
-def tail_logprob(top_logprobs: torch.Tensor) -> torch.Tensor:
-    """Log of the probability mass outside the top-M entries (last dim), clamped away from log(0)."""
-    top_mass_log = torch.logsumexp(top_logprobs, dim=-1).clamp(max=-1e-7)
-    return torch.log(-torch.expm1(top_mass_log))
 
 
 @runtime_checkable

@@ -127,6 +127,16 @@ def build_tiny_model(
     return out
 
 
+CORPUS_FILE = Path(__file__).with_name("tiny_corpus.json")
+
+
+def embedded_corpus() -> list[str]:
+    """The default tiny tokenizer's training text: a frozen copy of ``env_corpus()`` (40 scripted household
+    episodes, 2026-12-03). Frozen because the core must not depend on a plugin being installed, and because a
+    tokenizer that changed whenever the household world's wording did would change every tiny-model number."""
+    return json.loads(CORPUS_FILE.read_text(encoding="utf-8"))
+
+
 def default_tiny_model(**kwargs) -> Path:
     """Build once into the cache (keyed by the build arguments) and return the path afterwards."""
     key = hashlib.sha1(json.dumps(sorted(kwargs.items()), default=str).encode()).hexdigest()[:10]
@@ -134,7 +144,7 @@ def default_tiny_model(**kwargs) -> Path:
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    build_tiny_model(tmp, env_corpus() + GENERIC_TEXT, **kwargs)
+    build_tiny_model(tmp, embedded_corpus() + GENERIC_TEXT, **kwargs)
     try:
         tmp.rename(out)
     except OSError:  # another process finished first: keep theirs
