@@ -175,10 +175,10 @@ class RolloutEngine:
         messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
         messages.append({"role": "user", "content": obs if not context else f"{obs}\n\n{context}"})
         ids = self.policy.apply_chat_template(messages, add_generation_prompt=True)
-        episode = Episode(task=info["task"], initial_observation=obs,
+        episode = Episode(task=info["task"], initial_observation=obs, first_prompt=[dict(m) for m in messages],
+                          prompt_length=len(ids),
                           metadata={"rollout_seed": rollout_seed, "group": group, "context_truncated": False,
-                                    "max_turns": max_turns, "prompt_length": len(ids),
-                                    "first_prompt": [dict(m) for m in messages]})
+                                    "max_turns": max_turns})
         live = _Live(episode, k, rollout_seed, messages, list(ids), [0] * len(ids), [-1] * len(ids), [0.0] * len(ids))
         if len(ids) + self.sampling.max_new_tokens > self.max_context_tokens:
             live.done = True

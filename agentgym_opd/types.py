@@ -109,13 +109,6 @@ class Episode:
     prompt_length: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        # a producer that still writes these as untyped metadata keys: adopt them into the typed fields
-        if not self.first_prompt and "first_prompt" in self.metadata:
-            self.first_prompt = [dict(m) for m in self.metadata["first_prompt"]]
-        if self.prompt_length is None and "prompt_length" in self.metadata:
-            self.prompt_length = int(self.metadata["prompt_length"])
-
     @property
     def return_(self) -> float:
         return float(sum(t.reward for t in self.turns))

@@ -39,7 +39,7 @@ def rollout_sequences(batch: int, max_turns: int, max_new_tokens: int):
     for row, episode in enumerate(out.episodes):
         length = int(out.attention_mask[row].sum())
         ids = out.input_ids[row, :length].tolist()
-        start = int(episode.metadata["prompt_length"])
+        start = int(episode.prompt_length)
         contexts.append(ids[:start])
         continuations.append(ids[start:])
     return policy, contexts, continuations

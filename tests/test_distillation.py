@@ -35,7 +35,7 @@ def test_teacher_sequence_holds_the_students_tokens_of_every_turn_after_its_cont
     inputs = teacher_inputs(batch, rows, prefixes, pad_id=policy.pad_id)
     for row, ep in enumerate(batch.episodes):
         length = int(batch.attention_mask[row].sum())
-        start = ep.metadata["prompt_length"]
+        start = ep.prompt_length
         offset = int(inputs.offsets[row])
         assert offset == len(prefixes[row]) - start > 0
         student = batch.input_ids[row, start:length]
@@ -59,7 +59,7 @@ def test_aligned_teacher_logits_equal_an_independent_score_of_the_continuation(r
     teacher = aligned_teacher_logits(policy.model, inputs, width)
     teacher_lp = token_logprobs(teacher, batch.input_ids[:, 1:width])
     for row, ep in enumerate(batch.episodes):
-        start, length = ep.metadata["prompt_length"], int(batch.attention_mask[row].sum())
+        start, length = ep.prompt_length, int(batch.attention_mask[row].sum())
         rest = batch.input_ids[row, start:length].tolist()
         scored = policy.score([prefixes[row]], [rest])[0].logprobs  # the teacher's own scoring pass
         agent = mask[row, start - 1: length - 1].bool()

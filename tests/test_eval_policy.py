@@ -72,7 +72,7 @@ def test_episodes_are_batched_reproducible_and_independent_of_chunking():
     other = play_tasks(policy, ENV, tasks, seed=6_000_000, batch_size=4, **run)
     assert [e.task.id for e in wide] == [tasks[0], tasks[0], tasks[1], tasks[1]]
     assert [e.metadata["rollout_seed"] for e in narrow] == [5_000_000 + k for k in range(4)]
-    assert all(e.metadata["first_prompt"][0] == {"role": "system", "content": DEFAULT_SYSTEM_PROMPT} for e in wide)
+    assert all(e.first_prompt[0] == {"role": "system", "content": DEFAULT_SYSTEM_PROMPT} for e in wide)
     assert [e.input_ids for e in wide] == [e.input_ids for e in narrow]
     assert wide[0].input_ids != wide[1].input_ids  # two samples of one task differ
     assert [e.input_ids for e in wide] != [e.input_ids for e in other]

@@ -117,7 +117,7 @@ def _teacher_main(result_path: str) -> None:
     for row, episode in enumerate(batch.episodes):
         length = int(batch.attention_mask[row].sum())
         ids = batch.input_ids[row, :length].tolist()
-        start = int(episode.metadata["prompt_length"])
+        start = int(episode.prompt_length)
         contexts.append(ids[:start])
         continuations.append(ids[start:])
     gaps = {}
