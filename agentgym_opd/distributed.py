@@ -332,22 +332,23 @@ def all_reduce_mean(metrics: Mapping[str, float], ctx: DistContext) -> dict[str,
     return {k: float(v) / ctx.world_size for k, v in zip(keys, t.tolist())}
 
 
-def all_reduce_sum_list(values: Sequence[float], ctx: DistContext) -> list[float]:
-    """Element-wise sums of a list of numbers over ranks (one collective)."""
+def _all_reduce_list(values: Sequence[float], ctx: DistContext, op: Any) -> list[float]:
+    """Element-wise ``op`` of a list of numbers over ranks, in one float64 collective."""
     if not ctx.enabled or not values:
         return [float(v) for v in values]
     t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    dist.all_reduce(t, op=op)
     return [float(v) for v in t.tolist()]
+
+
+def all_reduce_sum_list(values: Sequence[float], ctx: DistContext) -> list[float]:
+    """Element-wise sums of a list of numbers over ranks (one collective)."""
+    return _all_reduce_list(values, ctx, dist.ReduceOp.SUM)
 
 
 def all_reduce_max_list(values: Sequence[float], ctx: DistContext) -> list[float]:
     """Element-wise maxima of a list of numbers over ranks (one collective)."""
-    if not ctx.enabled or not values:
-        return [float(v) for v in values]
-    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [float(v) for v in t.tolist()]
+    return _all_reduce_list(values, ctx, dist.ReduceOp.MAX)
 
 
 def all_gather_floats(values: Sequence[float], ctx: DistContext) -> list[float]:
