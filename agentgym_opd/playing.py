@@ -17,19 +17,19 @@ from typing import Any, Callable, Sequence
 
 from agentgym_opd.action_parsing import ActionParser
 from agentgym_opd.policy.base import SamplingParams
-from agentgym_opd.registry import make
 from agentgym_opd.rollout import RolloutEngine
 from agentgym_opd.types import Episode
+from agentgym_opd.vector import VectorTextEnv
 
 
 def play_tasks(
     policy: Any,
-    env_id: str,
+    env: str | Any,
     task_ids: Sequence[str],
     *,
-    sampling: SamplingParams,
-    action_parser: str | ActionParser,
-    system_prompt: str | None,
+    sampling: SamplingParams | None = None,
+    action_parser: str | ActionParser = "text",
+    system_prompt: str | None = None,
     samples: int = 1,
     seed: int = 0,
     batch_size: int = 32,
@@ -37,30 +37,43 @@ def play_tasks(
     env_kwargs: dict[str, Any] | None = None,
     on_batch: Callable[[list[Episode]], None] | None = None,
     contexts: Sequence[str | None] | None = None,
+    max_attempts: int = 3,
 ) -> list[Episode]:
     """Every task played `samples` times; episodes in task order, a task's samples adjacent. `contexts[i]`
-    (optional) is shown after task i's first observation, as a self-teacher sees its privileged context."""
+    (optional) is shown after task i's first observation, as a self-teacher sees its privileged context.
+
+    `env` is an env id (envs are made here, in this process) or a vector env of either executor
+    (`agentgym_opd.executors.make_vector_env`), whose slots then bound the batch. `policy` may be a
+    scripted one (`agentgym_opd.policy.scripted.ScriptedPolicy`)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     if samples < 1:
         raise ValueError(f"samples must be at least 1, got {samples}")
-    engine = RolloutEngine(policy, sampling, max_context_tokens=max_context_tokens, system_prompt=system_prompt,
-                           action_parser=action_parser)
-    tasks_per_batch = max(1, batch_size // samples)
-    envs = [make(env_id, **(env_kwargs or {})) for _ in range(min(len(task_ids), tasks_per_batch) * samples)]
+    engine = RolloutEngine(policy, sampling or SamplingParams(), max_context_tokens=max_context_tokens,
+                           system_prompt=system_prompt, action_parser=action_parser, max_attempts=max_attempts)
+    owned = isinstance(env, str)
+    if owned:
+        tasks_per_batch = max(1, batch_size // samples)
+        vec = VectorTextEnv.make(env, min(len(task_ids), tasks_per_batch) * samples, **(env_kwargs or {}))
+    else:
+        vec = env
+        tasks_per_batch = max(1, min(batch_size, vec.num_envs) // samples)
+        if tasks_per_batch * samples > vec.num_envs:
+            raise ValueError(f"{samples} samples per task need at least {samples} env slots, the vector env has "
+                             f"{vec.num_envs}")
     episodes: list[Episode] = []
     try:
         for start in range(0, len(task_ids), tasks_per_batch):
             chunk = list(task_ids[start:start + tasks_per_batch])
             chunk_contexts = None if contexts is None else list(contexts[start:start + tasks_per_batch])
-            batch = engine.collect(envs[: len(chunk) * samples], chunk, group_size=samples, seed=seed + start * samples,
+            batch = engine.collect(vec, chunk, group_size=samples, seed=seed + start * samples,
                                    contexts=chunk_contexts)
             episodes.extend(batch.episodes)
             if on_batch is not None:
                 on_batch(list(batch.episodes))
     finally:
-        for env in envs:
-            env.close()
+        if owned:
+            vec.close()
     return episodes
 
 

@@ -24,6 +24,16 @@ ends its episode.
 Seeds: rollout k of a `collect(seed=s)` call uses rollout seed s + k (tasks in order, G per task), and
 turn t of it samples with seed `rollout_seed * 1_000_003 + t`, per row, so a rollout's tokens do not
 depend on the other episodes of the batch.
+
+Lost episodes: when an env's worker dies or hangs (the Ray executor reports `env_crashed` / `env_timed_out`:
+the infrastructure failed, not the agent), that attempt is thrown away and the episode is replayed from
+its first turn on the fresh worker with the same seeds, up to `max_attempts` attempts in all; when every
+attempt is lost the last one is kept, ending with its crash turn. `Episode.metadata` records "attempts",
+"crashes" and "gave_up", so a replayed episode is never mistaken for a clean one nor counted twice. An
+env that raises on an action in this process is the agent's doing and is not replayed.
+
+Scripted agents (`agentgym_opd.policy.scripted.ScriptedPolicy`) play through this same loop: the engine
+hands them each row's latest env view (observation and info) through `act` instead of sampling.
 """
 
 from __future__ import annotations
@@ -39,6 +49,8 @@ from agentgym_opd.policy.base import DecodeSession, Policy, SamplingParams
 from agentgym_opd.policy.chat import turn_suffix_text
 from agentgym_opd.types import Episode, StepError, Turn
 from agentgym_opd.vector import VectorTextEnv
+
+LOST_FLAGS = ("env_crashed", "env_timed_out")  # set by an executor whose worker died or hung
 
 
 @dataclass
@@ -74,6 +86,10 @@ class _Live:
     mask: list[int]
     turn_index: list[int]
     logprobs: list[float]
+    view: tuple[str, dict[str, Any]]  # the env's latest observation and info (what a scripted agent reads)
+    reset: tuple[int | None, dict[str, Any] | None]  # how this episode's env was reset (for a replay)
+    context: str | None = None
+    attempts: int = 1
     done: bool = False
 
 
@@ -85,8 +101,12 @@ class RolloutEngine:
         max_context_tokens: int = 4096,
         system_prompt: str | None = None,
         action_parser: str | ActionParser = "text",
+        max_attempts: int = 3,
     ):
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
         self.policy = policy
+        self.max_attempts = max_attempts
         self.sampling = sampling or SamplingParams()
         self.max_context_tokens = max_context_tokens
         self.system_prompt = system_prompt
@@ -109,8 +129,9 @@ class RolloutEngine:
         """Run G rollouts for each task (task ids via `tasks`, or env-chosen tasks via `reset_seeds`).
 
         `envs` is an env id (envs are made here), a list of len(tasks) * G envs to use, or a vector env of
-        that size from either executor (`agentgym_opd.executors.make_vector_env(..., executor="ray")`: the
-        envs step in Ray actors while the policy samples here). `contexts` (one per
+        at least that size from either executor (`agentgym_opd.executors.make_vector_env(..., executor="ray")`:
+        the envs step in Ray actors while the policy samples here; slots past len(tasks) * G stay idle).
+        `contexts` (one per
         task, or None) is extra text appended to the first user message, e.g. privileged context for a
         warm start that teaches a network to read it; see `agentgym_opd.distill.with_context`.
         """
@@ -128,28 +149,32 @@ class RolloutEngine:
             vec = envs  # a vector env of either executor: VectorTextEnv, or RayVectorTextEnv's actors
         else:
             vec = VectorTextEnv(list(envs))
-        if vec.num_envs != n:
+        if vec.num_envs < n or (vec.num_envs > n and isinstance(envs, (list, tuple))):
             raise ValueError(f"collect: {len(keys)} tasks x group_size {group_size} needs {n} envs, got {vec.num_envs}")
-        groups = [i for i in range(len(keys)) for _ in range(group_size)]
-        if tasks is not None:
-            resets = vec.reset(seeds=[seed + k for k in range(n)], options=[{"task_id": keys[g]} for g in groups])
-        else:
-            resets = vec.reset(seeds=[int(keys[g]) for g in groups])
         if contexts is not None and len(contexts) != len(keys):
             raise ValueError(f"collect: {len(contexts)} contexts for {len(keys)} tasks")
+        groups = [i for i in range(len(keys)) for _ in range(group_size)]
+        if tasks is not None:
+            reset_args = [(seed + k, {"task_id": keys[g]}) for k, g in enumerate(groups)]
+        else:
+            reset_args = [(int(keys[g]), None) for g in groups]
+        if vec.num_envs == n:
+            resets = vec.reset(seeds=[a for a, _ in reset_args], options=[o for _, o in reset_args])
+        else:
+            resets = vec.reset_at(list(range(n)), [a for a, _ in reset_args], [o for _, o in reset_args])
         lives = [self._start(k, seed + k, obs, info, groups[k], self._turn_limit(vec, k),
-                             contexts[groups[k]] if contexts is not None else None)
+                             contexts[groups[k]] if contexts is not None else None, reset_args[k])
                  for k, (obs, info) in enumerate(resets)]
         session = self.policy.session() if callable(getattr(self.policy, "session", None)) else None
-        turn = 0
         while True:
             running = [lv for lv in lives if not lv.done]
             if not running:
                 break
-            self._play_turn(vec, running, turn, session)
+            lost = self._play_turn(vec, running, session)
             if session is not None:
-                session.release([lv.env_index for lv in running if lv.done])
-            turn += 1
+                session.release([lv.env_index for lv in running if lv.done or lv in lost])
+            for lv in lost:
+                lives[lv.env_index] = self._replay(vec, lv)
         return self._batch(lives)
 
     # ------------------------------------------------------------------ internals
@@ -171,23 +196,38 @@ class RolloutEngine:
         return cache[key]
 
     def _start(self, k: int, rollout_seed: int, obs: str, info: dict, group: int, max_turns: int,
-               context: str | None = None) -> _Live:
+               context: str | None, reset: tuple[int | None, dict[str, Any] | None]) -> _Live:
         messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
         messages.append({"role": "user", "content": obs if not context else f"{obs}\n\n{context}"})
         ids = self.policy.apply_chat_template(messages, add_generation_prompt=True)
         episode = Episode(task=info["task"], initial_observation=obs, first_prompt=[dict(m) for m in messages],
                           prompt_length=len(ids),
                           metadata={"rollout_seed": rollout_seed, "group": group, "context_truncated": False,
-                                    "max_turns": max_turns})
-        live = _Live(episode, k, rollout_seed, messages, list(ids), [0] * len(ids), [-1] * len(ids), [0.0] * len(ids))
+                                    "max_turns": max_turns, "attempts": 1, "crashes": [], "gave_up": False})
+        live = _Live(episode, k, rollout_seed, messages, list(ids), [0] * len(ids), [-1] * len(ids), [0.0] * len(ids),
+                     view=(obs, dict(info)), reset=reset, context=context)
         if len(ids) + self.sampling.max_new_tokens > self.max_context_tokens:
             live.done = True
             episode.metadata["context_truncated"] = True
         return live
 
-    def _play_turn(self, vec: VectorTextEnv, running: list[_Live], turn: int, session: DecodeSession | None) -> None:
-        seeds = [lv.seed * 1_000_003 + turn for lv in running]
-        if session is not None:  # each episode's KV cache is kept: only the new observation is encoded
+    def _replay(self, vec: Any, lost: _Live) -> _Live:
+        """Start a lost episode again from its first turn, on the slot's fresh worker, with the same seeds."""
+        seed, options = lost.reset
+        (obs, info), = vec.reset_at([lost.env_index], [seed], [options])
+        meta = lost.episode.metadata
+        fresh = self._start(lost.env_index, lost.seed, obs, info, meta["group"], meta["max_turns"], lost.context,
+                            lost.reset)
+        fresh.attempts = lost.attempts + 1
+        fresh.episode.metadata.update(attempts=fresh.attempts, crashes=meta["crashes"])
+        return fresh
+
+    def _play_turn(self, vec: VectorTextEnv, running: list[_Live], session: DecodeSession | None) -> list[_Live]:
+        """One turn of every running episode; returns the episodes whose worker was lost (to be replayed)."""
+        seeds = [lv.seed * 1_000_003 + len(lv.episode.turns) for lv in running]
+        if callable(getattr(self.policy, "act", None)):  # a scripted agent reads the env, not tokens
+            gens = self.policy.act([lv.view for lv in running])  # type: ignore[attr-defined]
+        elif session is not None:  # each episode's KV cache is kept: only the new observation is encoded
             gens = session.generate([lv.env_index for lv in running], [lv.ids for lv in running], self.sampling,
                                     seeds=seeds)
         else:  # a backend without sessions (vLLM): whole sequences, its prefix cache reuses the history
@@ -200,6 +240,7 @@ class RolloutEngine:
             if error is None:
                 actions[lv.env_index] = action
         results = vec.step(actions)
+        lost: list[_Live] = []
         for lv, gen in zip(running, gens):
             action, error = parsed[lv.env_index]
             prompt = [dict(m) for m in lv.messages]
@@ -208,9 +249,20 @@ class RolloutEngine:
                 step = Turn(action=gen.text, observation=error.message, error=error,
                             truncated=env_turns >= lv.episode.metadata["max_turns"],
                             info={"parse_error": True, "success": lv.episode.success, "score": lv.episode.score})
+                lv.view = (error.message, {**lv.view[1], "error": error})
             else:
                 res = results[lv.env_index]
                 assert res is not None
+                if any(res.info.get(flag) for flag in LOST_FLAGS):
+                    lv.episode.metadata["crashes"].append({
+                        "attempt": lv.attempts, "env_index": lv.env_index, "turn": res.info.get("turn"),
+                        "kind": res.info["error"].kind if res.info.get("error") else "env_crash",
+                        "message": res.observation})
+                    if lv.attempts < self.max_attempts:
+                        lost.append(lv)
+                        continue
+                    lv.episode.metadata["gave_up"] = True
+                lv.view = (res.observation, {**res.info, "task": lv.episode.task})
                 step = Turn(action=action or "", observation=res.observation, reward=res.reward,
                             error=res.info.get("error"), feedback=res.info.get("feedback", ""),
                             terminated=res.terminated, truncated=res.truncated, info=dict(res.info))
@@ -223,6 +275,7 @@ class RolloutEngine:
             self._append_turn(lv, step, gen.token_ids, gen.logprobs, turn_number=len(lv.episode.turns))
             if error is not None and step.truncated:
                 vec.active[lv.env_index] = False  # the env never saw the failing turns; stop stepping it
+        return lost
 
     def _append_turn(self, lv: _Live, step: Turn, token_ids: list[int], logprobs: list[float], turn_number: int) -> None:
         lv.ids += token_ids

@@ -4,7 +4,7 @@ Teacher: none. Signal: cross-entropy on the expert's action tokens, agent tokens
 
 Where the data comes from, and why this way: the expert episode is *played* through the same
 :class:`~agentgym_opd.rollout.RolloutEngine` the student's rollouts use, by a scripted policy whose
-``generate`` returns the next walkthrough action, tokenised, plus the end-of-turn token. So the training
+reply is the next walkthrough action, tokenised, plus the end-of-turn token. So the training
 sequence has exactly the chat-template bookkeeping, loss mask and turn index of an on-policy rollout
 (observations come from the real env, not from a stored transcript): what the student learns to say
 is what it will later be asked to say, token for token, and a distillation method warm-started from
@@ -23,8 +23,8 @@ from agentgym_opd.algorithm import (Algorithm, BatchState, LossTerm, Step, agent
                                     weighted_sum)
 from agentgym_opd.config import constrained
 from agentgym_opd.distill import privileged_text
-from agentgym_opd.policy.base import Generation, SamplingParams
-from agentgym_opd.policy.chat import end_of_turn_text
+from agentgym_opd.policy.base import SamplingParams
+from agentgym_opd.policy.scripted import ScriptedPolicy, WalkthroughAgent
 from agentgym_opd.rollout import RolloutBatch, RolloutEngine
 
 
@@ -37,37 +37,6 @@ class SFTConfig:
     context_fraction: float = constrained(0.0, ge=0, le=1, help=(
         "share of expert episodes shown WITH the task's privileged context in the first prompt: a warm start "
         "that teaches the network to read a context block, which self-teachers (opsd, sdpo) rely on"))
-
-
-class ScriptedPolicy:
-    """A Policy that says a fixed list of actions, one per turn, for ONE episode at a time.
-
-    One episode per engine call keeps the mapping "prompt -> which script" trivial (the engine batches
-    the live episodes, and prompts carry no episode id). Log-probs are 0: they are never used, SFT
-    re-scores the tokens with the student.
-    """
-
-    def __init__(self, student: Any, actions: Sequence[str]):
-        self.student = student
-        self.tokenizer = student.tokenizer
-        self.stop_token_ids = list(getattr(student, "stop_token_ids", []))
-        self.actions = list(actions)
-        self.turn = 0
-        eot = self.tokenizer.encode(end_of_turn_text(self.tokenizer), add_special_tokens=False)
-        self.end_of_turn = [eot[0]] if eot and eot[0] in self.stop_token_ids else []
-
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        return self.student.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: Any = None) -> list[Generation]:
-        if len(prompts) != 1:
-            raise ValueError("ScriptedPolicy plays one episode at a time")
-        if self.turn >= len(self.actions):
-            raise RuntimeError(f"walkthrough of {len(self.actions)} actions ran out before the episode ended")
-        action = self.actions[self.turn]
-        self.turn += 1
-        ids = list(self.tokenizer.encode(action, add_special_tokens=False)) + self.end_of_turn
-        return [Generation(action, ids, [0.0] * len(ids), "stop")]
 
 
 def expert_batch(student: Any, env: Any, task_ids: Sequence[str], *, engine_template: RolloutEngine,
@@ -86,7 +55,7 @@ def expert_batch(student: Any, env: Any, task_ids: Sequence[str], *, engine_temp
         if not walkthrough:
             raise ValueError(f"task {task_id!r} of {env.env_id} has no privileged['walkthrough']: SFT needs expert actions")
         longest = max(len(engine_template.policy.tokenizer.encode(a, add_special_tokens=False)) for a in walkthrough)
-        engine = RolloutEngine(ScriptedPolicy(student, walkthrough),
+        engine = RolloutEngine(ScriptedPolicy(WalkthroughAgent(fallback=None), like=student),
                                SamplingParams(max_new_tokens=max(longest + 1, 2)),
                                max_context_tokens=engine_template.max_context_tokens,
                                system_prompt=engine_template.system_prompt, action_parser=engine_template.parse)

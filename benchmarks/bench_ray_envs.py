@@ -16,10 +16,10 @@ import time
 
 import ray
 
-from agentgym_opd.executors import (
-    RandomAdmissibleAgent, WalkthroughAgent, collect_episodes, make_vector_env,
-)
+from agentgym_opd.executors import make_vector_env
 from agentgym_opd.executors.ray_envs import RayVectorTextEnv
+from agentgym_opd.playing import play_tasks
+from agentgym_opd.policy.scripted import RandomAdmissibleAgent, ScriptedPolicy, TemplateTokens, WalkthroughAgent
 from agentgym_opd.registry import make
 from agentgym_opd.vector import VectorTextEnv
 
@@ -57,10 +57,10 @@ class CostlyStep:
         self.env.close()
 
 
-def _throughput(vec, agent, ids) -> tuple[float, int]:
+def _throughput(vec, policy, ids) -> tuple[float, int]:
     vec.reset(options=[{"task_id": ids[0]}] * vec.num_envs)  # warm up: actors started, modules imported
     start = time.perf_counter()
-    episodes = collect_episodes(vec, agent, ids)
+    episodes = play_tasks(policy, vec, ids, max_context_tokens=10**9)
     elapsed = time.perf_counter() - start
     steps = sum(e.num_turns for e in episodes)
     return steps / elapsed, steps
@@ -74,6 +74,7 @@ def main() -> None:
     args = parser.parse_args()
 
     agent = WalkthroughAgent() if args.agent == "walkthrough" else RandomAdmissibleAgent(seed=0)
+    policy = ScriptedPolicy(agent, like=TemplateTokens.tiny())
     ids = make("household/train").task_ids()[: args.tasks]
     ray.init(num_cpus=NUM_ENVS, include_dashboard=False, log_to_driver=False)
     print(f"{len(ids)} household/train tasks, {args.agent} agent, {NUM_ENVS} envs; steps/s (higher is better)")
@@ -88,8 +89,8 @@ def main() -> None:
                 fns = [lambda k=kind: CostlyStep(args.cost_ms, k) for _ in range(NUM_ENVS)]
                 local = VectorTextEnv(env_fns=fns)
                 remote = RayVectorTextEnv.from_env_fns(fns)
-            local_sps, steps = _throughput(local, agent, ids)
-            remote_sps, _ = _throughput(remote, agent, ids)
+            local_sps, steps = _throughput(local, policy, ids)
+            remote_sps, _ = _throughput(remote, policy, ids)
             remote.close()
             print(f"{label:<18}{local_sps:>12.0f}{remote_sps:>12.0f}{remote_sps / local_sps:>10.2f}x   ({steps} steps)")
     finally:

@@ -169,7 +169,7 @@ def training_examples(policy: Any, spec: BaseModelSpec) -> list[tuple[list[int],
     from agentgym_opd.registry import make
     from agentgym_opd.rollout import RolloutEngine
     from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
-    from algorithms.sft import ScriptedPolicy
+    from agentgym_opd.policy.scripted import ScriptAgent, ScriptedPolicy
 
     env = make(TRAIN_ENV, num_tasks=spec.train_tasks, max_turns=spec.max_turns)
     scratch = make(TRAIN_ENV, num_tasks=spec.train_tasks, max_turns=spec.max_turns)
@@ -181,7 +181,7 @@ def training_examples(policy: Any, spec: BaseModelSpec) -> list[tuple[list[int],
         if len(actions) > spec.max_turns:  # 1 train task in 2000 (a lamp found only after a full round)
             continue
         longest = max(len(policy.tokenizer.encode(a, add_special_tokens=False)) for a in actions)
-        engine = RolloutEngine(ScriptedPolicy(policy, actions), SamplingParams(max_new_tokens=longest + 1),
+        engine = RolloutEngine(ScriptedPolicy(ScriptAgent(actions), like=policy), SamplingParams(max_new_tokens=longest + 1),
                                system_prompt=DEFAULT_SYSTEM_PROMPT, action_parser="text")
         batch = engine.collect([env], [task_id], seed=0, contexts=[context])
         episode = batch.episodes[0]

@@ -4,7 +4,8 @@ Which tasks: the split's task ids in their stable order; with `episodes` below t
 spaced subset (ids[i * n // episodes]), so every run of every algorithm sees the same tasks and the
 sample spreads over task types that generators lay out in order. `samples_per_task` > 1 repeats each
 task with distinct seeds, which is what pass@k needs. Envs run side by side on either executor (in this
-process, or one per Ray actor) through `agentgym_opd.executors.collect_episodes`. Model policies (tiny, HF
+process, or one per Ray actor) through the one rollout engine (`agentgym_opd.playing.play_tasks`), the
+scripted agent wrapped as a `ScriptedPolicy`. Model policies (tiny, HF
 folders, trainer checkpoints) go through `evaluation.policy_eval`, which writes the same record.
 """
 
@@ -18,7 +19,9 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from agentgym_opd.executors import RandomAdmissibleAgent, WalkthroughAgent, collect_episodes, make_vector_env
+from agentgym_opd.executors import make_vector_env
+from agentgym_opd.playing import play_tasks
+from agentgym_opd.policy.scripted import RandomAdmissibleAgent, ScriptedPolicy, TemplateTokens, WalkthroughAgent
 from agentgym_opd.registry import make
 from agentgym_opd.types import Episode
 from evaluation.metrics import summarise
@@ -27,6 +30,7 @@ from evaluation.records import SCHEMA_VERSION, validate_record
 
 # scripted agents, by name: seed -> agent (the walkthrough oracle ignores the seed)
 SCRIPTED_AGENTS = {"walkthrough": lambda seed: WalkthroughAgent(), "random": lambda seed: RandomAdmissibleAgent(seed)}
+SCRIPTED_CONTEXT = 10**9  # a scripted agent reads no context window: its episodes end by the env's turn limit
 
 
 def code_revision() -> str:
@@ -75,11 +79,13 @@ def run_agent(
     ids = task_ids if task_ids is not None else select_tasks(probe.task_ids(), episodes)
     probe.close()
     vec = make_vector_env(env_id, min(num_envs, len(ids)), executor, **env_kwargs)
+    tokens = TemplateTokens.tiny()  # bookkeeping only: no network reads a scripted agent's ids
     per_sample = []
     try:
         for sample in tqdm(range(samples_per_task), desc=f"eval {env_id}", unit="sample", disable=not progress):
             sample_seed = seed * 1000 + sample
-            per_sample.append(collect_episodes(vec, SCRIPTED_AGENTS[agent](sample_seed), ids, seed=sample_seed))
+            policy = ScriptedPolicy(SCRIPTED_AGENTS[agent](sample_seed), like=tokens)
+            per_sample.append(play_tasks(policy, vec, ids, seed=sample_seed, max_context_tokens=SCRIPTED_CONTEXT))
     finally:
         vec.close()
     return [per_sample[s][k] for k in range(len(ids)) for s in range(samples_per_task)]

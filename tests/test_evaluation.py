@@ -10,7 +10,9 @@ import pytest
 
 from evaluation.leaderboard import Leaderboard
 from evaluation.metrics import summarise
-from agentgym_opd.executors import collect_episodes, make_vector_env
+from agentgym_opd.executors import make_vector_env
+from agentgym_opd.playing import play_tasks
+from agentgym_opd.policy.scripted import ScriptedPolicy
 from evaluation.runner import evaluate_scripted, select_tasks
 
 
@@ -29,7 +31,7 @@ def test_random_agent_is_reproducible_by_seed_and_reports_pass_at_k():
 
 def test_errors_are_counted_by_kind():
     vec = make_vector_env("household/train", 2, max_turns=5)
-    episodes = collect_episodes(vec, lambda obs, info: "dance wildly", vec.envs[0].task_ids()[:4])
+    episodes = play_tasks(ScriptedPolicy(lambda obs, info: "dance wildly"), vec, vec.envs[0].task_ids()[:4])
     assert [e.num_turns for e in episodes] == [5] * 4
     metrics = summarise(episodes)
     assert metrics["error_rate/invalid_action"]["mean"] == 1.0 and metrics["success_rate"]["mean"] == 0.0

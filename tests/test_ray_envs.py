@@ -14,14 +14,19 @@ import ray
 from ray import cloudpickle
 
 from agentgym_opd.core import EnvMisuseError, StepOutcome, TextEnv, UnknownTaskError
-from agentgym_opd.executors import (
-    RandomAdmissibleAgent, WalkthroughAgent, collect_episodes, make_vector_env,
-)
+from agentgym_opd.executors import make_vector_env
 from agentgym_opd.executors.ray_envs import RayVectorTextEnv
+from agentgym_opd.playing import play_tasks
+from agentgym_opd.policy.scripted import RandomAdmissibleAgent, ScriptedPolicy, TemplateTokens, WalkthroughAgent
 from agentgym_opd.types import StepError, Task
 from agentgym_opd.vector import VectorTextEnv
 
 HALF_CPU = {"num_cpus": 0.5}  # room for replacement actors on the 2-CPU test cluster
+
+
+def collect_episodes(vec, agent, ids, **kwargs):
+    """Play scripted `agent` on `ids` over `vec` through the rollout engine (the one rollout loop)."""
+    return play_tasks(ScriptedPolicy(agent, like=TemplateTokens.tiny()), vec, ids, max_context_tokens=10**9, **kwargs)
 
 # The test-only env below is shipped to the actors by value (this file is not an importable package).
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

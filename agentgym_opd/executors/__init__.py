@@ -8,15 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentgym_opd.executors.agents import Agent, RandomAdmissibleAgent, WalkthroughAgent
 from agentgym_opd.executors.env_spec import EnvSpec
-from agentgym_opd.executors.factory import EXECUTORS, make_vector_env, reset_slots
-from agentgym_opd.executors.rollout import collect_episodes
+from agentgym_opd.executors.factory import EXECUTORS, make_vector_env
 
-__all__ = [
-    "Agent", "EXECUTORS", "EnvSpec", "RandomAdmissibleAgent", "RayVectorTextEnv", "WalkthroughAgent",
-    "collect_episodes", "make_vector_env", "reset_slots",
-]
+__all__ = ["EXECUTORS", "EnvSpec", "RayVectorTextEnv", "make_vector_env"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,12 +1,12 @@
 """`make_vector_env`: pick the executor by config, so a rollout script says `executor="ray"` and nothing else.
 
-`reset_slots` is the one operation a rollout loop needs beyond reset/step: resetting some envs while the
-others keep running (`reset_at` on both `VectorTextEnv` and `RayVectorTextEnv`).
+Both executors offer the same surface the rollout engine needs: `reset`, `reset_at` (reset some slots
+while the others keep running), `step`, `active`, `close`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 from agentgym_opd.vector import VectorTextEnv
 
@@ -34,8 +34,3 @@ def make_vector_env(env_id: str, num_envs: int, executor: str = "local", *,
                                      step_timeout_s=step_timeout_s, **env_kwargs)
     raise ValueError(f"unknown executor {executor!r}; expected one of {', '.join(EXECUTORS)}")
 
-
-def reset_slots(vec: Any, indices: Sequence[int], seeds: Sequence[int | None],
-                options: Sequence[dict[str, Any] | None]) -> list[tuple[str, dict[str, Any]]]:
-    """Reset only the envs in `indices`; both executors implement it as `reset_at`."""
-    return vec.reset_at(indices, seeds, options)
