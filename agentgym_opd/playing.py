@@ -3,8 +3,8 @@
 Rollout k of a call (tasks in the given order, `samples` adjacent per task) uses rollout seed `seed + k`,
 whatever the batch size, so the numbers do not depend on how many envs run side by side; the same seed
 gives the same episodes again. Tasks are played in batches of `batch_size` episodes (one batched
-`generate` per turn over a batch); `on_batch` hears each finished batch, so a caller can report progress
-and save episodes as they come instead of losing them all to an interrupt.
+`generate` per turn over a batch); `on_episode` hears each episode as it ends, so a caller can report
+progress and save episodes as they come instead of losing them all to an interrupt.
 
 `rows_for_memory` sizes a batch to a memory budget from the model's shape: the weights, and per row the
 KV cache of a full context plus the prefill's activations and logits (counted for every position, an
@@ -35,16 +35,17 @@ def play_tasks(
     batch_size: int = 32,
     max_context_tokens: int = 2048,
     env_kwargs: dict[str, Any] | None = None,
-    on_batch: Callable[[list[Episode]], None] | None = None,
     contexts: Sequence[str | None] | None = None,
     max_attempts: int = 3,
+    on_episode: Callable[[int, Episode], None] | None = None,
 ) -> list[Episode]:
     """Every task played `samples` times; episodes in task order, a task's samples adjacent. `contexts[i]`
     (optional) is shown after task i's first observation, as a self-teacher sees its privileged context.
 
     `env` is an env id (envs are made here, in this process) or a vector env of either executor
     (`agentgym_opd.executors.make_vector_env`), whose slots then bound the batch. `policy` may be a
-    scripted one (`agentgym_opd.policy.scripted.ScriptedPolicy`)."""
+    scripted one (`agentgym_opd.policy.scripted.ScriptedPolicy`). `on_episode(i, episode)` hears episode i
+    (its place in the returned list) as soon as it ends."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     if samples < 1:
@@ -66,11 +67,11 @@ def play_tasks(
         for start in range(0, len(task_ids), tasks_per_batch):
             chunk = list(task_ids[start:start + tasks_per_batch])
             chunk_contexts = None if contexts is None else list(contexts[start:start + tasks_per_batch])
-            batch = engine.collect(vec, chunk, group_size=samples, seed=seed + start * samples,
-                                   contexts=chunk_contexts)
+            first = start * samples
+            hear = None if on_episode is None else (lambda k, ep, first=first: on_episode(first + k, ep))
+            batch = engine.collect(vec, chunk, group_size=samples, seed=seed + first, contexts=chunk_contexts,
+                                   on_episode=hear)
             episodes.extend(batch.episodes)
-            if on_batch is not None:
-                on_batch(list(batch.episodes))
     finally:
         if owned:
             vec.close()

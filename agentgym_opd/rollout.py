@@ -39,7 +39,7 @@ hands them each row's latest env view (observation and info) through `act` inste
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -124,6 +124,7 @@ class RolloutEngine:
         group_size: int = 1,
         seed: int = 0,
         contexts: Sequence[str | None] | None = None,
+        on_episode: Callable[[int, Episode], None] | None = None,
         **env_overrides: Any,
     ) -> RolloutBatch:
         """Run G rollouts for each task (task ids via `tasks`, or env-chosen tasks via `reset_seeds`).
@@ -134,6 +135,8 @@ class RolloutEngine:
         `contexts` (one per
         task, or None) is extra text appended to the first user message, e.g. privileged context for a
         warm start that teaches a network to read it; see `agentgym_opd.distill.with_context`.
+        `on_episode(k, episode)` hears rollout k as soon as it ends (its token ids are filled in when the
+        batch is built), so a caller can show progress and keep episodes before the whole batch is done.
         """
         if (tasks is None) == (reset_seeds is None):
             raise ValueError("collect needs exactly one of tasks=[task ids] or reset_seeds=[ints]")
@@ -165,6 +168,10 @@ class RolloutEngine:
         lives = [self._start(k, seed + k, obs, info, groups[k], self._turn_limit(vec, k),
                              contexts[groups[k]] if contexts is not None else None, reset_args[k])
                  for k, (obs, info) in enumerate(resets)]
+        if on_episode is not None:
+            for lv in lives:
+                if lv.done:  # the first prompt alone overran the context budget
+                    on_episode(lv.env_index, lv.episode)
         session = self.policy.session() if callable(getattr(self.policy, "session", None)) else None
         while True:
             running = [lv for lv in lives if not lv.done]
@@ -175,6 +182,10 @@ class RolloutEngine:
                 session.release([lv.env_index for lv in running if lv.done or lv in lost])
             for lv in lost:
                 lives[lv.env_index] = self._replay(vec, lv)
+            if on_episode is not None:
+                for lv in running:
+                    if lv.done and lv not in lost:
+                        on_episode(lv.env_index, lv.episode)
         return self._batch(lives)
 
     # ------------------------------------------------------------------ internals

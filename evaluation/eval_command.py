@@ -102,6 +102,21 @@ def out_paths(out: str, seeds: list[int]) -> list[Path]:
     return [path.with_name(f"{path.stem}.seed{seed}{path.suffix or '.json'}") for seed in seeds]
 
 
+def _stamp(path: Path, record: dict) -> None:
+    """Add provenance (this command, package versions, task/template/weights hashes) to a written record, so
+    it can go onto the leaderboard as it is; a record that cannot be stamped stays as written, with a note."""
+    from evaluation.provenance import command_line, stamp_eval_record
+    from evaluation.records import RecordError
+
+    try:
+        stamped = stamp_eval_record(dict(record), command_line())
+    except (RecordError, OSError, ValueError) as err:
+        print(f"note: {path} has no provenance ({err}); add it with `agentgym-opd leaderboard stamp`",
+              file=sys.stderr)
+        return
+    path.write_text(json.dumps(stamped, indent=2) + "\n")
+
+
 def run(args: argparse.Namespace) -> int:
     from agentgym_opd.core import UnknownTaskError
     from agentgym_opd.data import DataNotFoundError
@@ -121,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
             if args.policy in SCRIPTED_AGENTS:  # model runs wrote theirs as they went
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(record, indent=2) + "\n")
+            _stamp(path, record)
             print(f"wrote {path}" + ("" if args.policy in SCRIPTED_AGENTS else f" and {episodes_path(path)}"))
     else:
         print(json.dumps(records[0] if len(records) == 1 else records, indent=2))

@@ -77,29 +77,31 @@ def _protocol_for(env_id: str, source: PolicySource, action_parser: str | None, 
 
 
 class _Progress:
-    """Episodes done / total with ETA and tokens/s on the bar; each finished batch appended to the JSONL."""
+    """Episodes done / total with ETA, success so far and tokens/s on the bar, updated as each episode ends;
+    each episode appended to the JSONL at once, so an interrupt loses only the episodes still running."""
 
     def __init__(self, total: int, desc: str, enabled: bool, out: Path | None, transcripts: int, tokenizer: Any):
         self.bar = tqdm(total=total, desc=desc, unit="ep", disable=not enabled)
         self.out, self.transcripts, self.tokenizer = out, transcripts, tokenizer
         self.started = time.perf_counter()
-        self.done: list[Episode] = []
+        self.finished: list[tuple[int, Episode]] = []
         self.agent_tokens = 0
 
-    def __call__(self, batch: list[Episode]) -> None:
+    def __call__(self, index: int, episode: Episode) -> None:
         if self.out is not None:
             with open(self.out, "a", encoding="utf-8") as fh:
-                for ep in batch:
-                    index = len(self.done)
-                    fh.write(json.dumps(episode_line(ep, index, transcript=index < self.transcripts,
-                                                     tokenizer=self.tokenizer)) + "\n")
-                    self.done.append(ep)
-        else:
-            self.done.extend(batch)
-        self.agent_tokens += sum(len(t.action_token_ids) for ep in batch for t in ep.turns)
-        self.bar.update(len(batch))
-        self.bar.set_postfix({"success": f"{sum(e.success for e in self.done) / len(self.done):.2f}",
+                fh.write(json.dumps(episode_line(episode, index, transcript=index < self.transcripts,
+                                                 tokenizer=self.tokenizer)) + "\n")
+        self.finished.append((index, episode))
+        self.agent_tokens += sum(len(t.action_token_ids) for t in episode.turns)
+        self.bar.update(1)
+        self.bar.set_postfix({"success": f"{sum(e.success for _, e in self.finished) / len(self.finished):.2f}",
                               "tok/s": f"{self.tokens_per_s:.1f}"})
+
+    @property
+    def done(self) -> list[Episode]:
+        """The finished episodes in task order (the order of a complete run, whatever order they ended in)."""
+        return [e for _, e in sorted(self.finished, key=lambda pair: pair[0])]
 
     @property
     def tokens_per_s(self) -> float:
@@ -176,7 +178,7 @@ def evaluate_policy(
         try:
             play_tasks(model, env_id, task_ids, sampling=sampling, action_parser=parser,
                        system_prompt=protocol.system_prompt, samples=samples, seed=seed * _SEED_STRIDE,
-                       batch_size=batch_size, max_context_tokens=context, env_kwargs=env_kwargs, on_batch=bar)
+                       batch_size=batch_size, max_context_tokens=context, env_kwargs=env_kwargs, on_episode=bar)
         except KeyboardInterrupt:
             interrupted = True
         finally:

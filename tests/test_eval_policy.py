@@ -192,14 +192,16 @@ def test_an_interrupted_run_keeps_the_finished_episodes_as_a_partial_record(tmp_
     assert line["turns"] == 2 and [t["action"] for t in line["transcript"]["turns"]] == ["look", "look"]
 
 
-def test_batches_reach_the_caller_as_they_finish_and_the_batch_fits_the_memory_budget():
+def test_episodes_reach_the_caller_as_they_end_and_the_batch_fits_the_memory_budget():
     policy = load_policy(resolve_policy("tiny"), device="cpu")
-    seen: list[int] = []
+    seen: list[tuple[int, str, int]] = []
     tasks = make(ENV).task_ids()[:3]
     episodes = play_tasks(policy, ENV, tasks, sampling=SamplingParams(max_new_tokens=4, temperature=0.0),
                           action_parser=resolve_action_parser(FIRST_LINE), system_prompt=None, batch_size=2,
-                          env_kwargs={"max_turns": 1}, on_batch=lambda batch: seen.append(len(batch)))
-    assert seen == [2, 1] and [e.task.id for e in episodes] == tasks
+                          env_kwargs={"max_turns": 1},
+                          on_episode=lambda i, ep: seen.append((i, ep.task.id, ep.num_turns)))
+    assert [e.task.id for e in episodes] == tasks
+    assert sorted(seen) == [(i, t, 1) for i, t in enumerate(tasks)]  # each once, by its place, already played
     from agentgym_opd.playing import rows_for_memory
 
     weights = sum(p.numel() * p.element_size() for p in policy.model.parameters())

@@ -50,7 +50,12 @@ def test_eval_cli_record_goes_onto_the_leaderboard(tmp_path):
                            "household/valid_seen", "--episodes", "12", "--out", str(out)],
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(out.read_text())["metrics"]["success_rate"]["mean"] == 1.0
+    record = json.loads(out.read_text())
+    assert record["metrics"]["success_rate"]["mean"] == 1.0
+    # eval stamps what it writes: the command that made it, ready to publish as it is
+    assert record["provenance"]["command"] == ["agentgym-opd", "eval", "--policy", "walkthrough", "--env",
+                                               "household/valid_seen", "--episodes", "12", "--out", str(out)]
+    assert record["origin"] == "original" and len(record["provenance"]["tasks_sha256"]) == 64
     board = Leaderboard(tmp_path / "lb")
     board.add(out)
     board.build()

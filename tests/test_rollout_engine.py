@@ -130,3 +130,25 @@ def test_a_row_joining_a_running_session_samples_like_a_fresh_prompt(policy):
     joined = session.generate([0, 1], [prompts[0] + first.token_ids + [5], prompts[1]], params, seeds=[2, 3])
     fresh = policy.generate([prompts[0] + first.token_ids + [5], prompts[1]], params, seeds=[2, 3])
     assert [g.token_ids for g in joined] == [g.token_ids for g in fresh]
+
+
+def test_scripted_walkthrough_plays_through_the_engine_and_episodes_are_heard_as_they_end(policy):
+    """The expert walkthrough is a policy like any other: every episode succeeds, its tokens are the student's
+    tokenisation of the expert's actions, and `on_episode` hears short episodes before long ones."""
+    from agentgym_opd.policy.scripted import ScriptedPolicy, WalkthroughAgent
+
+    envs = [agentgym_opd.make(ENV) for _ in range(6)]
+    tasks = envs[0].task_ids()[:6]
+    heard: list[tuple[int, int]] = []
+    engine = RolloutEngine(ScriptedPolicy(WalkthroughAgent(fallback=None), like=policy), SamplingParams(max_new_tokens=32))
+    batch = engine.collect(envs, tasks, seed=0, on_episode=lambda k, ep: heard.append((k, ep.num_turns)))
+    assert all(e.success for e in batch.episodes)
+    walkthroughs = [envs[0].get_task(t).privileged["walkthrough"] for t in tasks]
+    assert [e.num_turns for e in batch.episodes] == [len(w) for w in walkthroughs]
+    assert sorted(heard) == [(k, len(w)) for k, w in enumerate(walkthroughs)]
+    assert [n for _, n in heard] == sorted(n for _, n in heard), "an episode is heard when it ends"
+    assert len({n for _, n in heard}) > 1, "the check needs episodes of different lengths"
+    for episode, walkthrough in zip(batch.episodes, walkthroughs):
+        eot = ScriptedPolicy(WalkthroughAgent(), like=policy).end_of_turn
+        assert [t.action_token_ids for t in episode.turns] == [
+            policy.tokenizer.encode(a, add_special_tokens=False) + eot for a in walkthrough]
