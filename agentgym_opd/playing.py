@@ -7,8 +7,8 @@ gives the same episodes again. Tasks are played in batches of `batch_size` episo
 progress and save episodes as they come instead of losing them all to an interrupt.
 
 `rows_for_memory` sizes a batch to a memory budget from the model's shape: the weights, and per row the
-KV cache of a full context plus the prefill's activations and logits (counted for every position, an
-upper bound that stays safe whether or not the backend keeps only the last position's logits).
+KV cache of a full context (with the in-place cache's spare room), the prefill's activations, and the
+logits of the one position each row samples from (the HF backend computes no others).
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def rows_for_memory(policy: Any, max_context_tokens: int, budget_bytes: int) -> 
     head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
     intermediate = int(getattr(config, "intermediate_size", 4 * hidden))
     vocab = int(getattr(config, "vocab_size", 32000))
-    kv = 2 * layers * kv_heads * head_dim * value_bytes
+    kv = 2 * layers * kv_heads * head_dim * value_bytes * 5 // 4  # up to a quarter spare room (kv_cache.py)
     activations = (4 * hidden + 2 * intermediate) * value_bytes
-    logits = vocab * 4
-    per_row = max_context_tokens * (kv + activations + logits)
+    logits = 3 * vocab * 4  # last-position logits, float32, plus the sampler's softmax and cumulative sum
+    per_row = max_context_tokens * (kv + activations) + logits
     return max(1, int((budget_bytes - weights) // per_row))

@@ -18,6 +18,7 @@ import torch
 
 from agentgym_opd.policy.base import Generation, SamplingParams, TokenScores, tail_logprob
 from agentgym_opd.policy.chat import end_of_turn_token_ids
+from agentgym_opd.policy.kv_cache import slab_cache
 from agentgym_opd.policy.sampling import draw, row_seed_words, row_seeds, sampling_logits
 
 
@@ -41,6 +42,20 @@ def _resolve_dtype(dtype: Any) -> torch.dtype:
     return names[dtype]
 
 
+def share_kv_heads(model: Any) -> None:
+    """Attend over shared KV heads without copying them (`kv_cache.gqa_sdpa`) where the model uses SDPA."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return
+    from agentgym_opd.policy.kv_cache import GQA_SDPA, register_gqa_sdpa
+
+    register_gqa_sdpa()
+    try:
+        model.set_attn_implementation(GQA_SDPA)
+    except (AttributeError, ValueError):  # a wrapper or architecture that cannot switch keeps stock SDPA
+        pass
+
+
 class HFPolicy:
     """A `Policy` around a transformers causal LM (optionally wrapped by PEFT)."""
 
@@ -57,6 +72,7 @@ class HFPolicy:
         self.pad_id = int(tokenizer.pad_token_id)
         self.stop_token_ids = end_of_turn_token_ids(tokenizer)
         self.is_lora = hasattr(model, "disable_adapter")
+        share_kv_heads(model)
 
     @classmethod
     def from_pretrained(
@@ -359,6 +375,9 @@ def chunked_over_positions(model: Any, hidden: torch.Tensor, fn: Any, step: int)
 class KVSession:
     """Rows of KV cache kept between `generate` calls: a multi-turn rollout appends, never re-encodes.
 
+    The cache grows in place (`kv_cache.SlabLayer`): a decode step writes its new position instead of
+    copying the whole cache.
+
     Layout: one batched cache ``[B, heads, L, d]`` per layer and an attention mask ``[B, L]``. A row's
     real tokens occupy some slots; the others (padding, or tokens of a finished turn that were dropped)
     have mask 0, and positions are given explicitly (a row's real tokens are numbered 0, 1, 2, ... in
@@ -372,10 +391,8 @@ class KVSession:
     """
 
     def __init__(self, policy: HFPolicy):
-        from transformers import DynamicCache
-
         self.policy = policy
-        self.cache = DynamicCache()
+        self.cache = slab_cache()
         self.keys: list[Any] = []
         self.held: list[list[int]] = []  # each row's sequence: fed ids, then possibly one unfed sampled id
         self.fed: list[int] = []  # how many leading ids of `held` are in the cache
@@ -393,9 +410,7 @@ class KVSession:
         if keep and self.cache.get_seq_length() > 0:
             self.cache.batch_select_indices(index)
         elif not keep:
-            from transformers import DynamicCache
-
-            self.cache = DynamicCache()
+            self.cache = slab_cache()
         self.mask = self.mask[index] if keep else self.mask[:0, :0]
         for name in ("keys", "held", "fed", "last_slot"):
             setattr(self, name, [getattr(self, name)[i] for i in keep])

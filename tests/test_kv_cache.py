@@ -1,0 +1,79 @@
+"""The in-place KV cache and copy-free GQA attention give exactly the stock Transformers numbers."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.cache_utils import DynamicLayer
+
+from agentgym_opd.policy.base import SamplingParams
+from agentgym_opd.policy.hf import HFPolicy
+from agentgym_opd.policy.kv_cache import SlabLayer, slab_cache
+from agentgym_opd.policy.tiny import default_tiny_model
+
+
+def test_slab_layer_holds_what_dynamic_layer_holds_through_growth_selection_and_crop():
+    torch.manual_seed(0)
+    slab, stock = SlabLayer(), DynamicLayer()
+    for t in (300, 1, 1, 70, 1):  # the first chunk fills past the initial room; later ones force a growth
+        k, v = torch.randn(3, 2, t, 4), torch.randn(3, 2, t, 4)
+        got, want = slab.update(k, v), stock.update(k, v)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert slab.get_seq_length() == stock.get_seq_length() == 373
+    keep = torch.tensor([2, 0])
+    slab.batch_select_indices(keep)
+    stock.batch_select_indices(keep)
+    slab.crop(-5)
+    stock.crop(-5)
+    k, v = torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4)
+    got, want = slab.update(k, v), stock.update(k, v)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and slab.get_seq_length() == 369
+
+
+def _gqa_model() -> LlamaForCausalLM:
+    torch.manual_seed(1)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         attn_implementation="sdpa")
+    return LlamaForCausalLM(config).eval()
+
+
+def test_gqa_attention_without_copies_equals_stock_sdpa_forward_and_backward():
+    stock, shared = _gqa_model(), _gqa_model()
+    tokenizer_dir = default_tiny_model()
+    from transformers import AutoTokenizer
+
+    HFPolicy(shared, AutoTokenizer.from_pretrained(tokenizer_dir))  # switches it to the copy-free attention
+    assert shared.config._attn_implementation == "gqa_sdpa" and stock.config._attn_implementation == "sdpa"
+    ids = torch.randint(0, 64, (3, 20))
+    mask = torch.ones_like(ids)
+    mask[0, :6] = 0  # left padding: the masked path, where stock SDPA repeats the KV heads
+    outs = []
+    for model in (stock, shared):
+        model.zero_grad()
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        logits[mask.bool()].logsumexp(-1).sum().backward()
+        outs.append((logits.detach(), model.model.layers[0].self_attn.k_proj.weight.grad.clone()))
+    assert torch.allclose(outs[0][0], outs[1][0], atol=1e-6)
+    assert torch.allclose(outs[0][1], outs[1][1], atol=1e-5)
+
+
+def test_a_session_on_the_slab_cache_samples_what_a_whole_sequence_forward_samples():
+    """Many turns of one session (the cache grows past its first room) equal fresh generation each turn."""
+    from transformers import AutoTokenizer
+
+    policy = HFPolicy(_gqa_model(), AutoTokenizer.from_pretrained(default_tiny_model()))
+    policy.stop_token_ids = []
+    session = policy.session()
+    assert type(session.cache.layer_class_to_replicate) is type(slab_cache().layer_class_to_replicate)
+    params = SamplingParams(max_new_tokens=40, temperature=1.0)
+    seqs = [[1, 2, 3, 4, 5] * 20, [7, 8, 9] * 30]
+    for turn in range(4):
+        seeds = [turn * 10 + r for r in range(2)]
+        got = session.generate([0, 1], seqs, params, seeds=seeds)
+        want = policy.generate(seqs, params, seeds=seeds)
+        for g, w in zip(got, want):
+            assert g.token_ids == w.token_ids
+            assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs)) < 1e-4
+        seqs = [s + g.token_ids + [11, 12, 13] for s, g in zip(seqs, got)]
+    assert session.cache.get_seq_length() > 256
