@@ -2,9 +2,10 @@
 
 Rollout k of a call (tasks in the given order, `samples` adjacent per task) uses rollout seed `seed + k`,
 whatever the batch size, so the numbers do not depend on how many envs run side by side; the same seed
-gives the same episodes again. Tasks are played in batches of `batch_size` episodes (one batched
-`generate` per turn over a batch); `on_episode` hears each episode as it ends, so a caller can report
-progress and save episodes as they come instead of losing them all to an interrupt.
+gives the same episodes again. At most `batch_size` episodes run side by side (one batched `generate` per
+turn over them), and an episode that ends hands its slot to the next task at once; `on_episode` hears
+each episode as it ends, so a caller can report progress and save episodes as they come instead of
+losing them all to an interrupt.
 
 `rows_for_memory` sizes a batch to a memory budget from the model's shape: the weights, and per row the
 KV cache of a full context (with the in-place cache's spare room), the prefill's activations, and the
@@ -43,7 +44,7 @@ def play_tasks(
     (optional) is shown after task i's first observation, as a self-teacher sees its privileged context.
 
     `env` is an env id (envs are made here, in this process) or a vector env of either executor
-    (`agentgym_opd.executors.make_vector_env`), whose slots then bound the batch. `policy` may be a
+    (`agentgym_opd.executors.make_vector_env`), whose slots then bound the batch instead of `batch_size`. `policy` may be a
     scripted one (`agentgym_opd.policy.scripted.ScriptedPolicy`). `on_episode(i, episode)` hears episode i
     (its place in the returned list) as soon as it ends."""
     if batch_size < 1:
@@ -53,29 +54,14 @@ def play_tasks(
     engine = RolloutEngine(policy, sampling or SamplingParams(), max_context_tokens=max_context_tokens,
                            system_prompt=system_prompt, action_parser=action_parser, max_attempts=max_attempts)
     owned = isinstance(env, str)
-    if owned:
-        tasks_per_batch = max(1, batch_size // samples)
-        vec = VectorTextEnv.make(env, min(len(task_ids), tasks_per_batch) * samples, **(env_kwargs or {}))
-    else:
-        vec = env
-        tasks_per_batch = max(1, min(batch_size, vec.num_envs) // samples)
-        if tasks_per_batch * samples > vec.num_envs:
-            raise ValueError(f"{samples} samples per task need at least {samples} env slots, the vector env has "
-                             f"{vec.num_envs}")
-    episodes: list[Episode] = []
+    vec = VectorTextEnv.make(env, min(len(task_ids) * samples, batch_size), **(env_kwargs or {})) if owned else env
     try:
-        for start in range(0, len(task_ids), tasks_per_batch):
-            chunk = list(task_ids[start:start + tasks_per_batch])
-            chunk_contexts = None if contexts is None else list(contexts[start:start + tasks_per_batch])
-            first = start * samples
-            hear = None if on_episode is None else (lambda k, ep, first=first: on_episode(first + k, ep))
-            batch = engine.collect(vec, chunk, group_size=samples, seed=seed + first, contexts=chunk_contexts,
-                                   on_episode=hear)
-            episodes.extend(batch.episodes)
+        batch = engine.collect(vec, list(task_ids), group_size=samples, seed=seed, contexts=contexts,
+                               on_episode=on_episode)
     finally:
         if owned:
             vec.close()
-    return episodes
+    return batch.episodes
 
 
 def rows_for_memory(policy: Any, max_context_tokens: int, budget_bytes: int) -> int:

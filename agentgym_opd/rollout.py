@@ -38,6 +38,7 @@ hands them each row's latest env view (observation and info) through `act` inste
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -79,7 +80,8 @@ class _Live:
     """Rollout state of one episode while it runs."""
 
     episode: Episode
-    env_index: int
+    index: int  # the rollout's place in the batch (also its key in a decode session)
+    env_index: int  # the vector env slot it plays in
     seed: int
     messages: list[dict[str, str]]
     ids: list[int]
@@ -129,14 +131,15 @@ class RolloutEngine:
     ) -> RolloutBatch:
         """Run G rollouts for each task (task ids via `tasks`, or env-chosen tasks via `reset_seeds`).
 
-        `envs` is an env id (envs are made here), a list of len(tasks) * G envs to use, or a vector env of
-        at least that size from either executor (`agentgym_opd.executors.make_vector_env(..., executor="ray")`:
-        the envs step in Ray actors while the policy samples here; slots past len(tasks) * G stay idle).
-        `contexts` (one per
-        task, or None) is extra text appended to the first user message, e.g. privileged context for a
-        warm start that teaches a network to read it; see `agentgym_opd.distill.with_context`.
-        `on_episode(k, episode)` hears rollout k as soon as it ends (its token ids are filled in when the
-        batch is built), so a caller can show progress and keep episodes before the whole batch is done.
+        `envs` is an env id (envs are made here), a list of len(tasks) * G envs to use, or a vector env
+        from either executor (`agentgym_opd.executors.make_vector_env(..., executor="ray")`: the envs step
+        in Ray actors while the policy samples here). A vector env may have fewer slots than rollouts: then
+        rollouts wait in order and each takes the first slot that frees up (continuous batching), which
+        changes no rollout's tokens, since seeds are per rollout. `contexts` (one per task, or None) is extra
+        text appended to the first user message, e.g. privileged context for a warm start that teaches a
+        network to read it; see `agentgym_opd.distill.with_context`. `on_episode(k, episode)` hears rollout
+        k as soon as it ends (its token ids are filled in when the batch is built), so a caller can show
+        progress and keep episodes before the whole batch is done.
         """
         if (tasks is None) == (reset_seeds is None):
             raise ValueError("collect needs exactly one of tasks=[task ids] or reset_seeds=[ints]")
@@ -152,8 +155,9 @@ class RolloutEngine:
             vec = envs  # a vector env of either executor: VectorTextEnv, or RayVectorTextEnv's actors
         else:
             vec = VectorTextEnv(list(envs))
-        if vec.num_envs < n or (vec.num_envs > n and isinstance(envs, (list, tuple))):
-            raise ValueError(f"collect: {len(keys)} tasks x group_size {group_size} needs {n} envs, got {vec.num_envs}")
+            if vec.num_envs != n:
+                raise ValueError(f"collect: {len(keys)} tasks x group_size {group_size} needs {n} envs, "
+                                 f"got {vec.num_envs}")
         if contexts is not None and len(contexts) != len(keys):
             raise ValueError(f"collect: {len(contexts)} contexts for {len(keys)} tasks")
         groups = [i for i in range(len(keys)) for _ in range(group_size)]
@@ -161,32 +165,47 @@ class RolloutEngine:
             reset_args = [(seed + k, {"task_id": keys[g]}) for k, g in enumerate(groups)]
         else:
             reset_args = [(int(keys[g]), None) for g in groups]
-        if vec.num_envs == n:
-            resets = vec.reset(seeds=[a for a, _ in reset_args], options=[o for _, o in reset_args])
-        else:
-            resets = vec.reset_at(list(range(n)), [a for a, _ in reset_args], [o for _, o in reset_args])
-        lives = [self._start(k, seed + k, obs, info, groups[k], self._turn_limit(vec, k),
-                             contexts[groups[k]] if contexts is not None else None, reset_args[k])
-                 for k, (obs, info) in enumerate(resets)]
-        if on_episode is not None:
-            for lv in lives:
-                if lv.done:  # the first prompt alone overran the context budget
-                    on_episode(lv.env_index, lv.episode)
+
+        lives: list[_Live | None] = [None] * n
+        waiting = deque(range(n))
+        free = list(range(vec.num_envs))
         session = self.policy.session() if callable(getattr(self.policy, "session", None)) else None
+
+        def ended(lv: _Live) -> None:
+            free.append(lv.env_index)
+            free.sort()
+            if on_episode is not None:
+                on_episode(lv.index, lv.episode)
+
         while True:
-            running = [lv for lv in lives if not lv.done]
+            if waiting and free:  # start waiting rollouts on the free slots, all reset in one call
+                starting = [(free.pop(0), waiting.popleft()) for _ in range(min(len(free), len(waiting)))]
+                slots = [slot for slot, _ in starting]
+                if len(starting) == vec.num_envs:
+                    resets = vec.reset(seeds=[reset_args[k][0] for _, k in starting],
+                                       options=[reset_args[k][1] for _, k in starting])
+                else:
+                    resets = vec.reset_at(slots, [reset_args[k][0] for _, k in starting],
+                                          [reset_args[k][1] for _, k in starting])
+                for (slot, k), (obs, info) in zip(starting, resets):
+                    lv = self._start(k, slot, seed + k, obs, info, groups[k], self._turn_limit(vec, slot),
+                                     contexts[groups[k]] if contexts is not None else None, reset_args[k])
+                    lives[k] = lv
+                    if lv.done:  # the first prompt alone overran the context budget
+                        ended(lv)
+                continue  # slots freed by those can take the next ones before anyone plays
+            running = [lv for lv in lives if lv is not None and not lv.done]
             if not running:
                 break
             lost = self._play_turn(vec, running, session)
             if session is not None:
-                session.release([lv.env_index for lv in running if lv.done or lv in lost])
+                session.release([lv.index for lv in running if lv.done or lv in lost])
             for lv in lost:
-                lives[lv.env_index] = self._replay(vec, lv)
-            if on_episode is not None:
-                for lv in running:
-                    if lv.done and lv not in lost:
-                        on_episode(lv.env_index, lv.episode)
-        return self._batch(lives)
+                lives[lv.index] = self._replay(vec, lv)
+            for lv in running:
+                if lv.done and lv not in lost:
+                    ended(lv)
+        return self._batch([lv for lv in lives if lv is not None])
 
     # ------------------------------------------------------------------ internals
     @staticmethod
@@ -206,7 +225,7 @@ class RolloutEngine:
                 env.close()
         return cache[key]
 
-    def _start(self, k: int, rollout_seed: int, obs: str, info: dict, group: int, max_turns: int,
+    def _start(self, k: int, slot: int, rollout_seed: int, obs: str, info: dict, group: int, max_turns: int,
                context: str | None, reset: tuple[int | None, dict[str, Any] | None]) -> _Live:
         messages = ([{"role": "system", "content": self.system_prompt}] if self.system_prompt else [])
         messages.append({"role": "user", "content": obs if not context else f"{obs}\n\n{context}"})
@@ -215,7 +234,7 @@ class RolloutEngine:
                           prompt_length=len(ids),
                           metadata={"rollout_seed": rollout_seed, "group": group, "context_truncated": False,
                                     "max_turns": max_turns, "attempts": 1, "crashes": [], "gave_up": False})
-        live = _Live(episode, k, rollout_seed, messages, list(ids), [0] * len(ids), [-1] * len(ids), [0.0] * len(ids),
+        live = _Live(episode, k, slot, rollout_seed, messages, list(ids), [0] * len(ids), [-1] * len(ids), [0.0] * len(ids),
                      view=(obs, dict(info)), reset=reset, context=context)
         if len(ids) + self.sampling.max_new_tokens > self.max_context_tokens:
             live.done = True
@@ -227,8 +246,8 @@ class RolloutEngine:
         seed, options = lost.reset
         (obs, info), = vec.reset_at([lost.env_index], [seed], [options])
         meta = lost.episode.metadata
-        fresh = self._start(lost.env_index, lost.seed, obs, info, meta["group"], meta["max_turns"], lost.context,
-                            lost.reset)
+        fresh = self._start(lost.index, lost.env_index, lost.seed, obs, info, meta["group"], meta["max_turns"],
+                            lost.context, lost.reset)
         fresh.attempts = lost.attempts + 1
         fresh.episode.metadata.update(attempts=fresh.attempts, crashes=meta["crashes"])
         return fresh
@@ -239,7 +258,7 @@ class RolloutEngine:
         if callable(getattr(self.policy, "act", None)):  # a scripted agent reads the env, not tokens
             gens = self.policy.act([lv.view for lv in running])  # type: ignore[attr-defined]
         elif session is not None:  # each episode's KV cache is kept: only the new observation is encoded
-            gens = session.generate([lv.env_index for lv in running], [lv.ids for lv in running], self.sampling,
+            gens = session.generate([lv.index for lv in running], [lv.ids for lv in running], self.sampling,
                                     seeds=seeds)
         else:  # a backend without sessions (vLLM): whole sequences, its prefix cache reuses the history
             gens = self.policy.generate([lv.ids for lv in running], self.sampling, seeds=seeds)  # type: ignore[call-arg]

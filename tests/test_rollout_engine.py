@@ -152,3 +152,22 @@ def test_scripted_walkthrough_plays_through_the_engine_and_episodes_are_heard_as
         eot = ScriptedPolicy(WalkthroughAgent(), like=policy).end_of_turn
         assert [t.action_token_ids for t in episode.turns] == [
             policy.tokenizer.encode(a, add_special_tokens=False) + eot for a in walkthrough]
+
+
+def test_fewer_slots_than_rollouts_plays_the_same_episodes_with_slots_refilled(policy):
+    """Continuous batching: 5 rollouts on 2 slots give exactly the episodes of 5 slots; each ending frees its
+    slot for the next waiting rollout, and the session never holds more rows than there are slots."""
+    from agentgym_opd.vector import VectorTextEnv
+
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0)
+    engine = RolloutEngine(policy, sampling, action_parser=first_line)
+    tasks = agentgym_opd.make(ENV).task_ids()[:5]
+    wide = engine.collect(VectorTextEnv.make(ENV, 5, max_turns=3), tasks, seed=4)
+    heard: list[int] = []
+    narrow_vec = VectorTextEnv.make(ENV, 2, max_turns=3)
+    narrow = engine.collect(narrow_vec, tasks, seed=4, on_episode=lambda k, ep: heard.append(k))
+    assert sorted(heard) == list(range(5))
+    for a, b in zip(wide.episodes, narrow.episodes):
+        assert a.task.id == b.task.id and [t.action_token_ids for t in a.turns] == [t.action_token_ids for t in b.turns]
+        assert [t.observation for t in a.turns] == [t.observation for t in b.turns]
+    assert torch.equal(wide.input_ids, narrow.input_ids) and torch.equal(wide.loss_mask, narrow.loss_mask)
