@@ -77,3 +77,25 @@ def test_a_session_on_the_slab_cache_samples_what_a_whole_sequence_forward_sampl
             assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs)) < 1e-4
         seqs = [s + g.token_ids + [11, 12, 13] for s, g in zip(seqs, got)]
     assert session.cache.get_seq_length() > 256
+
+
+def test_released_rows_leave_no_columns_behind_and_the_others_sample_as_before():
+    """A long row released: the columns only it used are dropped, the short row that stays and a row that
+    joins afterwards sample exactly what a fresh forward over their whole sequences samples."""
+    from transformers import AutoTokenizer
+
+    policy = HFPolicy(_gqa_model(), AutoTokenizer.from_pretrained(default_tiny_model()))
+    policy.stop_token_ids = []
+    session = policy.session()
+    params = SamplingParams(max_new_tokens=8, temperature=1.0)
+    long_row, short_row = [3, 4, 5, 6] * 30, [9, 10]
+    first = session.generate(["long", "short"], [long_row, short_row], params, seeds=[1, 2])
+    width_before = session.mask.shape[1]
+    session.release(["long"])
+    assert session.mask.shape[1] < width_before and session.cache.get_seq_length() == session.mask.shape[1]
+    short_seq = short_row + first[1].token_ids + [7]
+    joined = [1, 2, 3, 4, 5]
+    got = session.generate(["short", "new"], [short_seq, joined], params, seeds=[5, 6])
+    want = policy.generate([short_seq, joined], params, seeds=[5, 6])
+    for g, w in zip(got, want):
+        assert g.token_ids == w.token_ids and max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs)) < 1e-4

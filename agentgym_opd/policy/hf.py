@@ -414,6 +414,23 @@ class KVSession:
         self.mask = self.mask[index] if keep else self.mask[:0, :0]
         for name in ("keys", "held", "fed", "last_slot"):
             setattr(self, name, [getattr(self, name)[i] for i in keep])
+        self._trim_leading_columns()
+
+    def _trim_leading_columns(self) -> None:
+        """Drop cache columns no remaining row attends to (left by released rows), so rows that stay, and
+        rows that join later, do not attend over them. Positions are explicit, so nothing else moves."""
+        if self.mask.numel() == 0:
+            return
+        used = self.mask.any(dim=0).nonzero()
+        first = int(used[0]) if len(used) else self.mask.shape[1]
+        if first == 0:
+            return
+        for layer in getattr(self.cache, "layers", []):
+            if getattr(layer, "keys", None) is not None and layer.keys.dim() == 4:
+                layer.keys = layer.keys[:, :, first:]
+                layer.values = layer.values[:, :, first:]
+        self.mask = self.mask[:, first:]
+        self.last_slot = [slot - first for slot in self.last_slot]
 
     def _add_rows(self, keys: Sequence[Any]) -> None:
         n = len(keys)
