@@ -79,7 +79,7 @@ def rows_for_memory(policy: Any, max_context_tokens: int, budget_bytes: int) -> 
     head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
     intermediate = int(getattr(config, "intermediate_size", 4 * hidden))
     vocab = int(getattr(config, "vocab_size", 32000))
-    kv = 2 * layers * kv_heads * head_dim * value_bytes * 5 // 4  # up to a quarter spare room (kv_cache.py)
+    kv = 2 * layers * kv_heads * head_dim * value_bytes * 9 // 8  # up to an eighth spare room (kv_cache.py)
     activations = (4 * hidden + 2 * intermediate) * value_bytes
     logits = 3 * vocab * 4  # last-position logits, float32, plus the sampler's softmax and cumulative sum
     per_row = max_context_tokens * (kv + activations) + logits

@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--system-prompt", default=None,
                        help="system prompt text ('' = none; default: the checkpoint's, else the env family's)")
     model.add_argument("--memory-budget-gb", type=float, default=2.0,
-                       help="memory the batch of episodes may use beside the weights (sizes the batch)")
+                       help="memory the weights and the batch of episodes may use together (sizes the batch)")
     model.add_argument("--transcripts", type=int, default=10, metavar="N",
                        help="with --out: full transcripts of the first N episodes in FILE.episodes.jsonl")
     model.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', ... (HF backend)")

@@ -7,8 +7,8 @@ cache is copied every token), and with an attention mask its SDPA path repeats t
 query head (`repeat_kv`: three more copies) before attending. Both are avoidable:
 
 - `SlabLayer` keeps each layer's keys and values in a buffer with spare room along the sequence axis and
-  writes new positions in place; the model sees views of the filled part. The buffer grows by a quarter
-  (at least 256 positions) when full, so copies are amortised O(1) per token.
+  writes new positions in place; the model sees views of the filled part. The buffer grows by an eighth
+  (at least 64 positions) when full, so copies are amortised O(1) per token and the spare room stays small.
 - `gqa_sdpa` is Transformers' SDPA attention with the KV heads shared through SDPA's own `enable_gqa`
   (no materialised repeat), registered under the name `"gqa_sdpa"` in Transformers' attention registry.
 
@@ -68,7 +68,7 @@ class SlabLayer(DynamicLayer):
         return self.keys, self.values
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
-        capacity = needed + max(256, needed // 4)
+        capacity = needed + max(64, needed // 8)
         b, h, _, d = key_states.shape
         k = key_states.new_empty((b, h, capacity, d))
         v = value_states.new_empty((b, h, capacity, value_states.shape[-1]))
