@@ -53,7 +53,8 @@ import torch
 
 from agentgym_opd.algorithm import LossTerm, Step, agent_mask
 from agentgym_opd.config import constrained
-from agentgym_opd.distill import DistillState
+from agentgym_opd.distill import AlignedTeacher, DistillState
+from agentgym_opd.policy.hf import chunk_positions
 from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.rollout import RolloutBatch
 from agentgym_opd.types import Episode
@@ -253,12 +254,30 @@ def turn_confidence(teacher_logits: torch.Tensor, turn_of: torch.Tensor,
     detached; ``present`` marks the turns that have masked tokens (``turn_mean`` is 0 elsewhere).
     """
     with torch.no_grad():
-        logits = teacher_logits.detach().float()
-        top1 = torch.exp(logits.amax(dim=-1) - torch.logsumexp(logits, dim=-1))
+        return confidence_per_turn(top1_probability(teacher_logits.detach().float()), turn_of, mask)
+
+
+def top1_probability(logits: torch.Tensor) -> torch.Tensor:
+    """``max_v p(v)`` per position of ``[b, T, V]`` logits, as ``exp(max - logsumexp)``."""
+    return torch.exp(logits.amax(dim=-1) - torch.logsumexp(logits, dim=-1))
+
+
+def chunked_top1_probability(teacher: AlignedTeacher) -> torch.Tensor:
+    """:func:`top1_probability` of an aligned teacher, made a chunk of positions at a time (no ``[b, T, V]``)."""
+    b, length = teacher.hidden.shape[:2]
+    step = chunk_positions(b, teacher.network.get_output_embeddings().weight.shape[0])
+    return torch.cat([top1_probability(teacher.logits(start, min(start + step, length)))
+                      for start in range(0, length, step)], dim=1)
+
+
+def confidence_per_turn(top1: torch.Tensor, turn_of: torch.Tensor,
+                        mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`turn_confidence` from the per-position top-1 probabilities ``[b, T]``."""
+    with torch.no_grad():
         on = ((mask > 0) & (turn_of >= 0)).float()
         index = turn_of.clamp(min=0)
         width = int(index.max()) + 1 if index.numel() else 1
-        sums = torch.zeros((turn_of.shape[0], width), device=logits.device).scatter_add_(1, index, top1 * on)
+        sums = torch.zeros((turn_of.shape[0], width), device=top1.device).scatter_add_(1, index, top1 * on)
         counts = torch.zeros_like(sums).scatter_add_(1, index, on)
         turn_mean = torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
         return turn_mean.gather(1, index) * on, turn_mean, counts > 0
@@ -304,8 +323,11 @@ class SAGEOPD(OPD):
             on, turns = mask[rows][:, : width - 1], turn_of[rows][:, : width - 1]
             tokens = token_importance(turns, on, importance[rows])
             if self.config.use_confidence:
-                logits = self.teacher_logits(self.teacher_view(batch, rows, state), width)
-                token_conf, turn_conf, present = turn_confidence(logits.cpu(), turns, on)
+                view = self.teacher_view(batch, rows, state)
+                teacher = self.teacher_hidden(view, width)
+                top1 = (chunked_top1_probability(teacher) if teacher is not None
+                        else top1_probability(self.teacher_logits(view, width)))
+                token_conf, turn_conf, present = confidence_per_turn(top1.cpu(), turns, on)
                 confidences.append(turn_conf[present])
                 tokens = tokens * token_conf
             weights[rows, : width - 1] = tokens

@@ -25,8 +25,9 @@ import torch
 
 from agentgym_opd.config import constrained
 from agentgym_opd.algorithm import LossTerm, Step, agent_mask, weighted_sum
-from agentgym_opd.distill import (DistillConfig, DistillState, DistillationAlgorithm, SelfTeacher, TeacherInputs,
-                                  actions_block, distill_metrics, episode_actions, successful_sibling, with_context)
+from agentgym_opd.distill import (AlignedTeacher, DistillConfig, DistillState, DistillationAlgorithm, SelfTeacher,
+                                  TeacherInputs, actions_block, distill_metrics, episode_actions, successful_sibling,
+                                  with_context)
 from agentgym_opd.losses import clipped_policy_gradient_per_token, group_advantages
 from agentgym_opd.rollout import RolloutBatch
 
@@ -75,6 +76,9 @@ class SDPO(DistillationAlgorithm):
     def teacher_logits(self, inputs: TeacherInputs, width: int) -> torch.Tensor:
         return self.self_teacher.logits(inputs, width)
 
+    def teacher_hidden(self, inputs: TeacherInputs, width: int) -> AlignedTeacher:
+        return self.self_teacher.hidden(inputs, width)
+
     def prepare(self, batch: RolloutBatch) -> SDPOState:
         state = super().prepare(batch)
         advantages = group_advantages(batch.rewards.float(), batch.group_ids) if self.config.distill_weight < 1 else None
@@ -89,10 +93,16 @@ class SDPO(DistillationAlgorithm):
     def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: SDPOState,
                      step: Step) -> tuple[torch.Tensor, dict[str, float]]:
         """``(1 - w) * L_GRPO + w * L_distill`` (w = ``distill_weight``; w = 1: distillation only)."""
-        per_token, mask, student_logits, teacher_logits, student_logp = self.distillation_terms(batch, rows, state)
+        terms = self.chunked_terms(batch, rows, state)
+        if terms is not None:
+            distill = weighted_sum(terms.per_token, coef["distill"])
+            metrics = {"distill_loss": float(distill.detach()), "kl": float(weighted_sum(terms.kl, coef["distill"]))}
+            student_logp = terms.student_logp
+        else:
+            per_token, mask, student_logits, teacher_logits, student_logp = self.distillation_terms(batch, rows, state)
+            distill = weighted_sum(per_token, coef["distill"])
+            metrics = distill_metrics(distill, student_logits, teacher_logits, mask, coef["distill"])
         w = self.config.distill_weight
-        distill = weighted_sum(per_token, coef["distill"])
-        metrics = distill_metrics(distill, student_logits, teacher_logits, mask, coef["distill"])
         if w >= 1.0:
             return distill, metrics
         old = batch.behaviour_logprobs[rows][:, 1: student_logp.shape[1] + 1].to(student_logp.device)

@@ -47,9 +47,8 @@ NOTES (decisions where the brief was silent, and what remains)
   steps, 8 turns). Torch runs on one CPU thread by default (``--threads``): 10x faster than two
   threads on the shared build machine (same greedy actions in that probe).
 - Exit codes: 0 ok, 1 an algorithm failed or the leaderboard build failed (results saved), 2 bad setup.
-- Cost and what was measured: see /work/notes/bench-readme.md (the household base pair and the bench's
-  default were measured on the shared 2-core build machine under heavy load; its per-episode constants
-  below are the older bench's and underestimate 30-turn household episodes).
+- Cost and what was measured: README's Results section. The per-episode constants of the time estimate
+  below are the older bench's and underestimate 30-turn household episodes.
 """
 
 from __future__ import annotations

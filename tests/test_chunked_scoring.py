@@ -112,13 +112,17 @@ def test_score_with_support_ids_and_chunks_matches_full_log_softmax(rollout):
     torch.testing.assert_close(own.top_logprobs, full.topk(5, dim=-1).values, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("algo", ["opd", "opsd"])
+@pytest.mark.parametrize("algo", ["opd", "opsd", "sdpo"])
 def test_algorithm_loss_on_the_chunked_path_equals_the_full_logit_path(rollout, teacher, algo):
     policy, batch = rollout
     if algo == "opd":
         method = OPD({"top_m": 8}, policy, teacher)
-    else:
+    elif algo == "opsd":
         method = OPSD({"top_m": 8, "top_m_support": "teacher", "tail": False}, policy)
+    else:  # SDPO mixing in GRPO's term: the student's log-probs come from the chunked path too
+        from algorithms.sdpo import SDPO
+
+        method = SDPO({"top_m": 8, "distill_weight": 0.5, "teacher": "live"}, policy)
     loss, metrics = method.loss(batch)
     method.teacher_hidden = lambda inputs, width: None  # today's path: full teacher logits
     full_loss, full_metrics = method.loss(batch)
