@@ -49,11 +49,11 @@ def share_kv_heads(model: Any) -> None:
         return
     from agentgym_opd.policy.kv_cache import GQA_SDPA, register_gqa_sdpa
 
-    register_gqa_sdpa()
     try:
+        register_gqa_sdpa()
         model.set_attn_implementation(GQA_SDPA)
-    except (AttributeError, ValueError):  # a wrapper or architecture that cannot switch keeps stock SDPA
-        pass
+    except (ImportError, AttributeError, ValueError):  # an older Transformers, or a model that cannot switch,
+        pass                                            # keeps stock SDPA
 
 
 class HFPolicy:

@@ -20,12 +20,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache
+
+try:  # Transformers >= 4.54 builds caches from layer objects; an older one (e.g. a vLLM venv's) keeps its own
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # pragma: no cover - depends on the installed Transformers
+    DynamicLayer = None  # type: ignore[assignment,misc]
 
 GQA_SDPA = "gqa_sdpa"
 
 
-class SlabLayer(DynamicLayer):
+class SlabLayer(DynamicLayer or object):  # type: ignore[misc]
     """A `DynamicLayer` whose `keys` / `values` are views into a buffer that grows in place."""
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -82,7 +87,8 @@ class SlabLayer(DynamicLayer):
 def slab_cache() -> DynamicCache:
     """A `DynamicCache` whose layers are `SlabLayer`s (made lazily, one per decoder layer, as usual)."""
     cache = DynamicCache()
-    cache.layer_class_to_replicate = SlabLayer
+    if DynamicLayer is not None and hasattr(cache, "layer_class_to_replicate"):
+        cache.layer_class_to_replicate = SlabLayer
     return cache
 
 
