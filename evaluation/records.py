@@ -47,6 +47,7 @@ MAX_METRICS = 200
 MAX_NAME_CHARS = 200
 MAX_CURVE_POINTS = 1000
 MAX_PROTOCOL_ENTRIES = 50
+MAX_PROMPT_CHARS = 8000  # a protocol's system prompt (BFCL's own is ~1,000 characters over several lines)
 SEED_LIMIT = 2**63  # seeds are 64-bit: |seed| < 2**63
 METRIC_NAME = re.compile(r"[A-Za-z0-9_@/.:+-]{1,64}")
 
@@ -118,14 +119,23 @@ def _check_created(value: Any) -> str | None:
     return None
 
 
+def _printable_text(value: Any, limit: int) -> bool:
+    """A paragraph: printable characters, newlines and tabs (a system prompt), at most ``limit`` characters."""
+    return (isinstance(value, str) and 0 < len(value) <= limit
+            and all(ch.isprintable() or ch in "\n\t" for ch in value))
+
+
 def _check_protocol(value: Any) -> str | None:
     if not isinstance(value, dict) or len(value) > MAX_PROTOCOL_ENTRIES:
         return f"must be an object {{name: scalar}} of at most {MAX_PROTOCOL_ENTRIES} entries, got {value!r:.200}"
     for k, v in value.items():
         if not _printable_name(k, 64):
             return f"key {k!r:.80} must be a printable name of at most 64 characters"
+        if k == "system_prompt" and _printable_text(v, MAX_PROMPT_CHARS):
+            continue  # a paragraph; tables show its fingerprint (`protocol_label(short=True)`)
         if not (v is None or isinstance(v, bool) or _is_number(v) or _printable_name(v)):
-            return f"entry {k!r} must be a printable string, number, bool or null, got {v!r:.200}"
+            return (f"entry {k!r} must be a printable string, number, bool or null (system_prompt: printable "
+                    f"text with newlines, at most {MAX_PROMPT_CHARS} characters), got {v!r:.200}")
     return None
 
 

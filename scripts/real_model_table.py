@@ -39,6 +39,9 @@ FAMILIES: dict[str, list[str]] = {
 }
 
 
+MEMORY_GB = 4  # of the machine's 24 GB: about 20 SmolLM2 episodes side by side at a 2,048-token context
+
+
 def record_path(out: Path, env_id: str) -> Path:
     return out / (env_id.replace("/", "__") + ".json")
 
@@ -46,7 +49,8 @@ def record_path(out: Path, env_id: str) -> Path:
 def run_family(env_id: str, policy: str, episodes: int, out: Path) -> None:
     path = record_path(out, env_id)
     command = ["agentgym-opd", "eval", "--policy", policy, "--env", env_id, "--episodes", str(episodes),
-               "--device", "cpu", "--seeds", "0", "--transcripts", "5", "--out", str(path), *FAMILIES[env_id]]
+               "--device", "cpu", "--seeds", "0", "--transcripts", "5", "--memory-budget-gb", str(MEMORY_GB),
+               "--out", str(path), *FAMILIES[env_id]]
     print("$ " + " ".join(command), flush=True)
     started = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT)

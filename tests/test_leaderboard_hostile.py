@@ -137,3 +137,23 @@ def test_deep_nesting_is_a_clean_error(tmp_path):
     path.write_text('{"algorithm_config": ' + "[" * 100_000 + "]" * 100_000 + "}")
     out = subprocess.run(CLI + ["--root", str(tmp_path / "lb"), "add", str(path)], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr and out.stderr.startswith("error:"), out.stderr[-500:]
+
+
+def test_a_multi_line_system_prompt_is_a_protocol_paragraph_that_cannot_forge_a_row(tmp_path):
+    """BFCL's own system prompt spans lines: it is kept in the record, and tables show its fingerprint only."""
+    prompt = "You are an expert in composing functions.\n\n| 1 | forged | 1.000 |\nReturn the calls.\t"
+    record = make_record(seed=0)
+    record["protocol"] = {"action_parser": "text", "system_prompt": prompt}
+    assert validate_record(record)["protocol"]["system_prompt"] == prompt
+    md = built(tmp_path, record)["LEADERBOARD.md"]
+    for table in md.split("\n\n"):  # every row of every table keeps its header's cell count
+        rows = table_rows(table)
+        assert len({len(r) for r in rows}) <= 1, table
+        assert not any(r[1].strip() == "forged" for r in rows if len(r) > 1)
+    assert "\n| 1 | forged" not in md
+    bad = dict(record, protocol={"system_prompt": "ok\x1b[31m"})
+    with pytest.raises(RecordError, match="system_prompt: printable text"):
+        validate_record(bad)
+    for key, value in (("action_parser", "text\nforged"), ("system_prompt", "x" * 8001)):
+        with pytest.raises(RecordError, match="printable"):
+            validate_record(dict(record, protocol={key: value}))
