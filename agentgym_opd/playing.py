@@ -44,8 +44,8 @@ def play_tasks(
     (optional) is shown after task i's first observation, as a self-teacher sees its privileged context.
 
     `env` is an env id (envs are made here, in this process) or a vector env of either executor
-    (`agentgym_opd.executors.make_vector_env`), whose slots then bound the batch instead of `batch_size`. `policy` may be a
-    scripted one (`agentgym_opd.policy.scripted.ScriptedPolicy`). `on_episode(i, episode)` hears episode i
+    (`agentgym_opd.executors.make_vector_env`), whose slots then bound the batch instead of `batch_size`.
+    `policy` may be a scripted one (`agentgym_opd.policy.scripted.ScriptedPolicy`). `on_episode(i, episode)` hears episode i
     (its place in the returned list) as soon as it ends."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")

@@ -91,7 +91,6 @@ class _Live:
     view: tuple[str, dict[str, Any]]  # the env's latest observation and info (what a scripted agent reads)
     reset: tuple[int | None, dict[str, Any] | None]  # how this episode's env was reset (for a replay)
     context: str | None = None
-    attempts: int = 1
     done: bool = False
 
 
@@ -180,13 +179,8 @@ class RolloutEngine:
         while True:
             if waiting and free:  # start waiting rollouts on the free slots, all reset in one call
                 starting = [(free.pop(0), waiting.popleft()) for _ in range(min(len(free), len(waiting)))]
-                slots = [slot for slot, _ in starting]
-                if len(starting) == vec.num_envs:
-                    resets = vec.reset(seeds=[reset_args[k][0] for _, k in starting],
-                                       options=[reset_args[k][1] for _, k in starting])
-                else:
-                    resets = vec.reset_at(slots, [reset_args[k][0] for _, k in starting],
-                                          [reset_args[k][1] for _, k in starting])
+                resets = vec.reset_at([slot for slot, _ in starting], [reset_args[k][0] for _, k in starting],
+                                      [reset_args[k][1] for _, k in starting])
                 for (slot, k), (obs, info) in zip(starting, resets):
                     lv = self._start(k, slot, seed + k, obs, info, groups[k], self._turn_limit(vec, slot),
                                      contexts[groups[k]] if contexts is not None else None, reset_args[k])
@@ -248,8 +242,7 @@ class RolloutEngine:
         meta = lost.episode.metadata
         fresh = self._start(lost.index, lost.env_index, lost.seed, obs, info, meta["group"], meta["max_turns"],
                             lost.context, lost.reset)
-        fresh.attempts = lost.attempts + 1
-        fresh.episode.metadata.update(attempts=fresh.attempts, crashes=meta["crashes"])
+        fresh.episode.metadata.update(attempts=meta["attempts"] + 1, crashes=meta["crashes"])
         return fresh
 
     def _play_turn(self, vec: VectorTextEnv, running: list[_Live], session: DecodeSession | None) -> list[_Live]:
@@ -284,14 +277,15 @@ class RolloutEngine:
                 res = results[lv.env_index]
                 assert res is not None
                 if any(res.info.get(flag) for flag in LOST_FLAGS):
-                    lv.episode.metadata["crashes"].append({
-                        "attempt": lv.attempts, "env_index": lv.env_index, "turn": res.info.get("turn"),
+                    meta = lv.episode.metadata
+                    meta["crashes"].append({
+                        "attempt": meta["attempts"], "env_index": lv.env_index, "turn": res.info.get("turn"),
                         "kind": res.info["error"].kind if res.info.get("error") else "env_crash",
                         "message": res.observation})
-                    if lv.attempts < self.max_attempts:
+                    if meta["attempts"] < self.max_attempts:
                         lost.append(lv)
                         continue
-                    lv.episode.metadata["gave_up"] = True
+                    meta["gave_up"] = True
                 lv.view = (res.observation, {**res.info, "task": lv.episode.task})
                 step = Turn(action=action or "", observation=res.observation, reward=res.reward,
                             error=res.info.get("error"), feedback=res.info.get("feedback", ""),

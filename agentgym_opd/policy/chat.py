@@ -20,6 +20,11 @@ def render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
+def prompt_ids(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    """The conversation's template ids: rendered as text, then encoded recognising special tokens, adding none."""
+    return list(tokenizer.encode(render(tokenizer, messages, add_generation_prompt), add_special_tokens=False))
+
+
 def end_of_turn_text(tokenizer: Any) -> str:
     """Text the template puts right after an assistant message's content (e.g. "<|im_end|>\\n")."""
     msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE}]

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Literal, Sequence
 import torch
 
 from agentgym_opd.policy.base import Generation, SamplingParams, TokenScores, tail_logprob
-from agentgym_opd.policy.chat import end_of_turn_token_ids
+from agentgym_opd.policy.chat import end_of_turn_token_ids, prompt_ids
 from agentgym_opd.policy.kv_cache import slab_cache
 from agentgym_opd.policy.sampling import draw, row_seed_words, row_seeds, sampling_logits
 
@@ -109,8 +109,7 @@ class HFPolicy:
 
     # ------------------------------------------------------------------ chat
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-        return self.encode(text)
+        return prompt_ids(self.tokenizer, messages, add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         """Template text -> ids; special tokens in the text are recognised, none are added."""

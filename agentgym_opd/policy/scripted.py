@@ -106,10 +106,9 @@ class TemplateTokens:
         return cls(AutoTokenizer.from_pretrained(default_tiny_model()))
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        from agentgym_opd.policy.chat import render
+        from agentgym_opd.policy.chat import prompt_ids
 
-        return list(self.tokenizer.encode(render(self.tokenizer, messages, add_generation_prompt),
-                                          add_special_tokens=False))
+        return prompt_ids(self.tokenizer, messages, add_generation_prompt)
 
 
 class ScriptedPolicy:

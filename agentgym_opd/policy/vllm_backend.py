@@ -106,8 +106,9 @@ class VLLMPolicy:
         self.max_logprobs = int(kwargs.get("max_logprobs", 20))
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        from agentgym_opd.policy.chat import prompt_ids
+
+        return prompt_ids(self.tokenizer, messages, add_generation_prompt)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  seeds: list[int | None] | None = None) -> list[Generation]:
