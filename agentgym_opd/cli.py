@@ -130,8 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from agentgym_opd.data import DataNotFoundError
     from agentgym_opd.registry import BadArgumentsError, UnknownIdError
 
+    # kept as typed: some env packages (ALFWorld's, TextWorld's) rewrite sys.argv when imported, and a record
+    # stamps the command that made it (`args.invoked_argv`)
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    args.invoked_argv = argv
     # `section.key=value` overrides may sit between flags (argparse stops a positional list at the first flag)
     if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
         args.overrides = list(args.overrides or []) + extra

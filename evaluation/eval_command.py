@@ -102,14 +102,14 @@ def out_paths(out: str, seeds: list[int]) -> list[Path]:
     return [path.with_name(f"{path.stem}.seed{seed}{path.suffix or '.json'}") for seed in seeds]
 
 
-def _stamp(path: Path, record: dict) -> None:
+def _stamp(path: Path, record: dict, argv: list[str] | None) -> None:
     """Add provenance (this command, package versions, task/template/weights hashes) to a written record, so
     it can go onto the leaderboard as it is; a record that cannot be stamped stays as written, with a note."""
     from evaluation.provenance import command_line, stamp_eval_record
     from evaluation.records import RecordError
 
     try:
-        stamped = stamp_eval_record(dict(record), command_line())
+        stamped = stamp_eval_record(dict(record), command_line(argv))
     except (RecordError, OSError, ValueError) as err:
         print(f"note: {path} has no provenance ({err}); add it with `agentgym-opd leaderboard stamp`",
               file=sys.stderr)
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
             if args.policy in SCRIPTED_AGENTS:  # model runs wrote theirs as they went
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(record, indent=2) + "\n")
-            _stamp(path, record)
+            _stamp(path, record, getattr(args, "invoked_argv", None))
             print(f"wrote {path}" + ("" if args.policy in SCRIPTED_AGENTS else f" and {episodes_path(path)}"))
     else:
         print(json.dumps(records[0] if len(records) == 1 else records, indent=2))

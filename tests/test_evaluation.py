@@ -60,3 +60,22 @@ def test_eval_cli_record_goes_onto_the_leaderboard(tmp_path):
     board.add(out)
     board.build()
     assert "| household/valid_seen | walkthrough | scripted:walkthrough |" in (tmp_path / "lb" / "LEADERBOARD.md").read_text()
+
+
+def test_eval_stamps_the_command_as_typed_even_when_an_env_import_rewrites_sys_argv(tmp_path, monkeypatch):
+    """ALFWorld's and TextWorld's imports overwrite sys.argv; the record must still name the command typed."""
+    from agentgym_opd import cli
+    from evaluation import eval_command
+
+    out = tmp_path / "rec.json"
+    typed = ["eval", "--policy", "walkthrough", "--env", "household/valid_seen", "--episodes", "2", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", ["agentgym-opd", *typed])
+    real_records = eval_command._records
+
+    def records_after_an_import_that_rewrites_argv(*args, **kwargs):
+        sys.argv = ["agentgym-opd", "domain"]  # what `import alfworld.agents...` leaves behind
+        return real_records(*args, **kwargs)
+
+    monkeypatch.setattr(eval_command, "_records", records_after_an_import_that_rewrites_argv)
+    assert cli.main() == 0
+    assert json.loads(out.read_text())["provenance"]["command"] == ["agentgym-opd", *typed]
