@@ -91,9 +91,39 @@ def sequence_logits(model: Any, batch: RolloutBatch, rows: Sequence[int] | slice
 
 
 def sequence_logprobs(model: Any, batch: RolloutBatch, rows: Sequence[int] | slice) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(logp [b, T-1], mask [b, T-1])`` of :func:`sequence_logits`, for losses that need no full vocabulary."""
-    _, logp, mask = sequence_logits(model, batch, rows)
-    return logp, mask
+    """``(logp [b, T-1], mask [b, T-1])`` of :func:`sequence_logits`, for losses that need no full vocabulary:
+    computed a chunk of positions at a time (:func:`token_logprobs_of`), never as ``[b, T, V]``."""
+    device = next(model.parameters()).device
+    attention = batch.attention_mask[rows]
+    width = int(attention.sum(dim=1).max())  # drop all-padding columns of this micro-batch
+    ids = batch.input_ids[rows][:, :width].to(device)
+    logp = token_logprobs_of(model, ids, attention[:, :width].to(device))
+    return logp, batch.loss_mask[rows][:, 1:width].to(device).float()
+
+
+def reads_body_directly(model: Any) -> bool:
+    """Whether the chunked paths may call the model's body and output head themselves. Not under DDP or
+    FSDP: those wrappers sync or gather parameters in their own ``forward``, which such a call would skip."""
+    from agentgym_opd.distributed import is_fsdp
+
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or is_fsdp(model):
+        return False
+    return hasattr(model, "get_decoder") and getattr(model, "get_output_embeddings", lambda: None)() is not None
+
+
+def token_logprobs_of(model: Any, ids: torch.Tensor, attention: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+    """``[b, W-1]``: log-prob of ``ids[:, t+1]`` given ``ids[:, :t+1]``, differentiable. The body runs once and
+    the output head a chunk of positions at a time (also in the backward), so the only vocabulary-sized
+    tensor is one chunk's (``chunk`` positions; default from the vocabulary's size); a wrapped model
+    (:func:`reads_body_directly`) takes its full forward instead."""
+    from agentgym_opd.losses import token_logprobs
+    from agentgym_opd.policy.hf import chunked_token_scores, final_hidden_states
+
+    if not reads_body_directly(model):
+        logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()[:, :-1]
+        return token_logprobs(logits, ids[:, 1:])
+    hidden = final_hidden_states(model, ids, attention)[:, :-1]
+    return chunked_token_scores(model, hidden, ids[:, 1:], chunk=chunk).logprobs
 
 
 def agent_mask(batch: RolloutBatch) -> torch.Tensor:

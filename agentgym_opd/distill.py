@@ -27,8 +27,8 @@ from typing import Any, Sequence
 
 import torch
 
-from agentgym_opd.algorithm import (Algorithm, BatchState, LossTerm, Step, agent_mask, sequence_logits,
-                                    weighted_sum)
+from agentgym_opd.algorithm import (Algorithm, BatchState, LossTerm, Step, agent_mask, reads_body_directly,
+                                    sequence_logits, weighted_sum)
 from agentgym_opd.config import constrained
 from agentgym_opd.losses import (TopM, aggregate_token_loss, full_vocab_divergence, sampled_token_surrogate,
                                  token_logprobs, topm_distillation, topm_divergence)
@@ -490,9 +490,7 @@ class DistillationAlgorithm(Algorithm):
         or None when the teacher offers neither hidden states nor scores, or the student is wrapped by DDP or
         FSDP (then the full-logit path runs: the chunked path reads the body directly, past the wrapper's
         forward and so past its gradient-sync and all-gather hooks)."""
-        from agentgym_opd.distributed import is_fsdp
-
-        if isinstance(self.model, torch.nn.parallel.DistributedDataParallel) or is_fsdp(self.model):
+        if not reads_body_directly(self.model):
             if self.teacher_scorer() is not None:
                 raise ValueError("a served teacher (model.teacher_backend=vllm) needs the chunked student path, "
                                  "which does not run under train.strategy=ddp/fsdp yet: use one process per "

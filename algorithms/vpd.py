@@ -38,11 +38,11 @@ from typing import Any
 
 import torch
 
-from agentgym_opd.algorithm import LossTerm, Step, agent_mask, fit_width, sequence_logprobs
+from agentgym_opd.algorithm import LossTerm, Step, agent_mask, fit_width, sequence_logprobs, token_logprobs_of
 from agentgym_opd.config import constrained
-from agentgym_opd.distill import (DistillConfig, DistillState, DistillationAlgorithm, SelfTeacher, TeacherInputs,
-                                  actions_block, episode_actions, successful_sibling, with_context)
-from agentgym_opd.losses import RunningMean, bco_implicit_reward, bco_row_losses, token_logprobs
+from agentgym_opd.distill import (AlignedTeacher, DistillConfig, DistillState, DistillationAlgorithm, SelfTeacher,
+                                  TeacherInputs, actions_block, episode_actions, successful_sibling, with_context)
+from agentgym_opd.losses import RunningMean, bco_implicit_reward, bco_row_losses
 from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.rollout import RolloutBatch, RolloutEngine
 
@@ -89,13 +89,11 @@ class VPDConfig(DistillConfig):
 
 def context_logprobs(model: Any, inputs: TeacherInputs, targets: torch.Tensor, width: int) -> torch.Tensor:
     """``log q(y_t)`` of the student's tokens under ``model`` reading the teacher's sequences, in the
-    student's shifted coordinates ``[b, width - 1]``; differentiable (``distill.aligned_teacher_logits`` is
-    the no-grad, full-vocabulary version the M-step uses). Log-probs are taken in the teacher's own
-    coordinates and then shifted by the row's offset, so no second ``[b, T, V]`` tensor is built."""
+    student's shifted coordinates ``[b, width - 1]``; differentiable. Log-probs are taken in the teacher's
+    own coordinates (a chunk of positions at a time, :func:`agentgym_opd.algorithm.token_logprobs_of`) and
+    then shifted by the row's offset, so no ``[b, T, V]`` tensor is built."""
     device = next(model.parameters()).device
-    ids = inputs.input_ids.to(device)
-    logits = model(input_ids=ids, attention_mask=inputs.attention_mask.to(device), use_cache=False).logits.float()
-    own = token_logprobs(logits[:, :-1], ids[:, 1:])  # [b, W_t - 1]: position p predicts teacher id p+1
+    own = token_logprobs_of(model, inputs.input_ids.to(device), inputs.attention_mask.to(device))
     index = torch.arange(width - 1, device=device)[None, :] + inputs.offsets.to(device)[:, None]
     shifted = own.gather(1, index.clamp(0, own.shape[1] - 1))
     return torch.where(index < own.shape[1], shifted, torch.zeros_like(shifted))  # beyond the end: masked anyway
@@ -187,6 +185,9 @@ class VPD(DistillationAlgorithm):
 
     def teacher_logits(self, inputs: TeacherInputs, width: int) -> torch.Tensor:
         return self.live_teacher.logits(inputs, width)
+
+    def teacher_hidden(self, inputs: TeacherInputs, width: int) -> AlignedTeacher:
+        return self.live_teacher.hidden(inputs, width)
 
     # ------------------------------------------------------------------ the schedule
     def prepare(self, batch: RolloutBatch) -> VPDState:

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from agentgym_opd.algorithm import sequence_logits
+from agentgym_opd.algorithm import sequence_logits, sequence_logprobs, token_logprobs_of
 from agentgym_opd.distill import (DistillConfig, aligned_teacher_hidden, aligned_teacher_logits, aligned_teacher_scores,
                                   chunked_distillation_terms, distillation_per_token, privileged_text,
                                   reverse_kl_per_token, scored_distillation_terms, teacher_inputs, teacher_prefix)
@@ -112,17 +112,54 @@ def test_score_with_support_ids_and_chunks_matches_full_log_softmax(rollout):
     torch.testing.assert_close(own.top_logprobs, full.topk(5, dim=-1).values, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("algo", ["opd", "opsd", "sdpo"])
+def test_token_logprobs_and_their_gradient_chunked_equal_the_full_logit_computation(rollout):
+    """What GRPO, SFT and VPD's E-step read: the sampled ids' log-probs, several chunks, same gradient."""
+    policy, batch = rollout
+    width = int(batch.attention_mask.sum(dim=1).max())
+    ids, attention = batch.input_ids[:, :width], batch.attention_mask[:, :width]
+    mask = batch.loss_mask[:, 1:width].float()
+    weights = torch.rand(mask.shape, generator=torch.Generator().manual_seed(0)) * mask
+
+    policy.model.zero_grad()
+    logits = policy.model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()[:, :-1]
+    full = token_logprobs(logits, ids[:, 1:])
+    (full * weights).sum().backward()
+    full_grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+
+    policy.model.zero_grad()
+    chunked = token_logprobs_of(policy.model, ids, attention, chunk=7)  # several chunks, a ragged last one
+    (chunked * weights).sum().backward()
+    torch.testing.assert_close(chunked * mask, full * mask, atol=1e-5, rtol=0)
+    for name, p in policy.model.named_parameters():
+        torch.testing.assert_close(p.grad, full_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    logp, loss_mask = sequence_logprobs(policy.model, batch, slice(0, len(batch)))
+    assert torch.equal(loss_mask, mask)
+    torch.testing.assert_close(logp * mask, full.detach() * mask, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("algo", ["opd", "opsd", "sdpo", "vpd"])
 def test_algorithm_loss_on_the_chunked_path_equals_the_full_logit_path(rollout, teacher, algo):
     policy, batch = rollout
     if algo == "opd":
         method = OPD({"top_m": 8}, policy, teacher)
     elif algo == "opsd":
         method = OPSD({"top_m": 8, "top_m_support": "teacher", "tail": False}, policy)
-    else:  # SDPO mixing in GRPO's term: the student's log-probs come from the chunked path too
+    elif algo == "sdpo":  # SDPO mixing in GRPO's term: the student's log-probs come from the chunked path too
         from algorithms.sdpo import SDPO
 
         method = SDPO({"top_m": 8, "distill_weight": 0.5, "teacher": "live"}, policy)
+    else:  # VPD's M-step against its live self-teacher
+        from agentgym_opd.algorithm import Step
+        from algorithms.vpd import VPD
+
+        vpd = VPD({"top_m": 8}, policy)
+        state = vpd.prepare(batch)
+        loss, metrics = vpd.loss(batch, state, Step("m"))
+        vpd.teacher_hidden = lambda inputs, width: None
+        full_loss, full_metrics = vpd.loss(batch, state, Step("m"))
+        assert abs(float(loss) - float(full_loss)) < 1e-5 and abs(metrics["kl"] - full_metrics["kl"]) < 1e-5
+        assert metrics["kl"] > 0 and state.metrics["masked_fraction"] < 1
+        return
     loss, metrics = method.loss(batch)
     method.teacher_hidden = lambda inputs, width: None  # today's path: full teacher logits
     full_loss, full_metrics = method.loss(batch)
