@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from agentgym_opd.algorithm import Step, sequence_logits
-from algorithms.lopd import LOPD, dual_step, latent_teacher_logits
+from algorithms.lopd import LOPD, dual_step, latent_teacher_hidden
+from agentgym_opd.policy.hf import output_logits
 from experience_bank import Experience, trace_from_episode
 from tiny_rollouts import HOUSEHOLD as ENV
 from tiny_rollouts import tiny_household_rollout
@@ -54,7 +55,7 @@ def test_latent_teacher_puts_student_token_t_at_t_plus_jk(setup):
     width = mask.shape[1] + 1
     context = torch.randn(6, policy.model.get_input_embeddings().weight.shape[1])
     with torch.no_grad():
-        aligned = latent_teacher_logits(algo.frozen_teacher, [context], batch, rows, width)
+        aligned = output_logits(algo.frozen_teacher, latent_teacher_hidden(algo.frozen_teacher, [context], batch, rows, width))
         length = int(batch.attention_mask[0].sum())
         embeds = torch.cat([context, algo.frozen_teacher.get_input_embeddings()(batch.input_ids[0, :length])])
         direct = algo.frozen_teacher(inputs_embeds=embeds[None]).logits.float()[0]

@@ -24,7 +24,7 @@ from agentgym_opd.policy.hf import HFPolicy
 from agentgym_opd.policy.tiny import default_tiny_model
 from agentgym_opd.types import StepError
 from algorithms.grpo import GRPO
-from algorithms.lopd import LOPD, latent_teacher_logits
+from algorithms.lopd import LOPD
 from algorithms.opd import OPD
 from algorithms.opsd import OPSD
 from algorithms.sage_opd import SAGEOPD
@@ -265,7 +265,13 @@ def test_lopd_step_is_reverse_kl_on_student_top_m_with_tail_plus_the_margin_term
         found = [algo.retrieve(e) for e in batch.episodes]
         assert all(found)
         context = [algo.composer.context(e.task.instruction, [x.as_text() for x in f]) for e, f in zip(batch.episodes, found)]
-        teacher = latent_teacher_logits(algo.frozen_teacher, context, batch, slice(0, len(batch)), logits.shape[1] + 1)
+        teacher = []  # row by row, the teacher's whole forward over [latents ; embedded ids]
+        for r, latents in enumerate(context):
+            length = int(batch.attention_mask[r].sum())
+            embeds = torch.cat([latents, algo.frozen_teacher.get_input_embeddings()(batch.input_ids[r, :length])])
+            row = algo.frozen_teacher(inputs_embeds=embeds[None]).logits.float()[0, latents.shape[0]:]
+            teacher.append(F.pad(row, (0, 0, 0, logits.shape[1] - row.shape[0]))[: logits.shape[1]])
+        teacher = torch.stack(teacher)
         ids = logits.detach().topk(m, -1).indices
         ls_all, lt_all = F.log_softmax(logits, -1), F.log_softmax(teacher, -1)
         ls, lt = ls_all.gather(-1, ids), lt_all.gather(-1, ids)

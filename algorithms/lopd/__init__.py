@@ -38,11 +38,12 @@ from typing import Any, Sequence
 
 import torch
 
-from agentgym_opd.algorithm import LossTerm, Step, fit_width, sequence_logits, weighted_sum
+from agentgym_opd.algorithm import LossTerm, Step, fit_width, reads_body_directly, weighted_sum
 from agentgym_opd.config import constrained
 from agentgym_opd.distill import (DistillConfig, DistillState, DistillationAlgorithm, TeacherInputs,
-                                  aligned_teacher_logits, distill_metrics, with_context)
+                                  aligned_teacher_hidden, aligned_teacher_logits, reverse_kl_per_token, with_context)
 from agentgym_opd.losses import token_logprobs, topm_distillation
+from agentgym_opd.policy.hf import chunk_positions, chunked_over_positions, final_hidden_states, output_logits
 from algorithms.lopd.composer import LatentComposer, plain_backbone
 from agentgym_opd.rollout import RolloutBatch
 from agentgym_opd.types import Episode
@@ -94,9 +95,10 @@ def walkthrough_experience(episode: Episode):
                       metadata={"source": "walkthrough"})
 
 
-def latent_teacher_logits(model: Any, context: Sequence[torch.Tensor | None], batch: RolloutBatch, rows: slice,
+def latent_teacher_hidden(model: Any, context: Sequence[torch.Tensor | None], batch: RolloutBatch, rows: slice,
                           width: int) -> torch.Tensor:
-    """Teacher logits (WITH gradient to the latents) in the student's shifted coordinates ``[b, width-1, V]``.
+    """The teacher's final hidden states (WITH gradient to the latents) in the student's shifted coordinates
+    ``[b, width-1, H]``; its logits are ``lm_head`` of them, made a chunk of positions at a time by the loss.
 
     Row k's teacher input is ``[context[k] ; embed(ids)]``: student position t is teacher position
     t + len(context[k]).
@@ -111,16 +113,27 @@ def latent_teacher_logits(model: Any, context: Sequence[torch.Tensor | None], ba
         seqs.append(tokens if c is None else torch.cat([c.to(tokens.dtype), tokens], dim=0))
         offsets.append(0 if c is None else c.shape[0])
     full = max(s.shape[0] for s in seqs)
-    inputs = torch.zeros(len(seqs), full, embed.weight.shape[1], dtype=embed.weight.dtype, device=device)
     attention = torch.zeros(len(seqs), full, dtype=torch.long, device=device)
     padded = []
     for k, s in enumerate(seqs):
-        padded.append(torch.cat([s, inputs[k, s.shape[0]:]], dim=0))
+        padded.append(torch.nn.functional.pad(s, (0, 0, 0, full - s.shape[0])))
         attention[k, : s.shape[0]] = 1
-    logits = model(inputs_embeds=torch.stack(padded), attention_mask=attention, use_cache=False).logits.float()
+    hidden = model.get_decoder()(inputs_embeds=torch.stack(padded), attention_mask=attention,
+                                 use_cache=False).last_hidden_state
     index = torch.arange(width - 1, device=device)[None, :] + torch.tensor(offsets, device=device)[:, None]
-    index = index.clamp(0, logits.shape[1] - 1)
-    return logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
+    index = index.clamp(0, hidden.shape[1] - 1)
+    return hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+
+
+def lopd_token_terms(student_logits: torch.Tensor, teacher_logits: torch.Tensor, targets: torch.Tensor,
+                     mask: torch.Tensor, config: "LOPDConfig") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per position: the top-M (student support) + tail reverse KL with gradient to both sides, the exact
+    reverse KL (a metric), and the teacher-student log-prob gap of the sampled token (the margin's term)."""
+    per_token = topm_distillation(student_logits, teacher_logits, config.top_m, mask, "reverse_kl",
+                                  support="student", tail=config.tail, teacher_grad=True)
+    kl = reverse_kl_per_token(student_logits.detach(), teacher_logits.detach(), mask)
+    gap = token_logprobs(teacher_logits, targets) - token_logprobs(student_logits, targets).detach()
+    return per_token, kl, gap
 
 
 def dual_step(beta: float, margin: float, gap: float, eta: float) -> float:
@@ -228,22 +241,36 @@ class LOPD(DistillationAlgorithm):
     def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: LOPDState,
                      step: Step) -> tuple[torch.Tensor, dict[str, float]]:
         c = self.config
-        student_logits, student_logp, mask = sequence_logits(self.model, batch, rows)
-        width = student_logits.shape[1] + 1
+        device = next(self.model.parameters()).device
+        attention = batch.attention_mask[rows]
+        width = int(attention.sum(dim=1).max())
+        ids, attention = batch.input_ids[rows][:, :width].to(device), attention[:, :width].to(device)
+        targets = ids[:, 1:]
+        mask = batch.loss_mask[rows][:, 1:width].to(device).float() * self.kept_rows(state)[rows].to(device)[:, None]
         if c.context == "latent":
             context = [self.composer.context(batch.episodes[r].task.instruction, [e.as_text() for e in state.found[r]])
                        if state.found[r] else None for r in range(rows.start, rows.stop)]
-            teacher_logits = latent_teacher_logits(self.frozen_teacher, context, batch, rows, width)
+            teacher_hidden = latent_teacher_hidden(self.frozen_teacher, context, batch, rows, width)
         else:
-            teacher_logits = self.teacher_logits(self.teacher_view(batch, rows, state), width)
-        mask = mask * self.kept_rows(state)[rows].to(mask.device)[:, None]
-        per_token = topm_distillation(student_logits, teacher_logits, c.top_m, mask, "reverse_kl", support="student",
-                                      tail=c.tail, teacher_grad=True)
+            teacher_hidden = aligned_teacher_hidden(self.frozen_teacher, self.teacher_view(batch, rows, state), width).hidden
+        if reads_body_directly(self.model):  # student and teacher heads a chunk of positions at a time
+            student_hidden = final_hidden_states(self.model, ids, attention)[:, :-1]
+            b = student_hidden.shape[0]
+
+            def one_chunk(h: torch.Tensor, start: int, end: int):
+                return lopd_token_terms(output_logits(self.model, h[:b]), output_logits(self.frozen_teacher, h[b:]),
+                                        targets[:, start:end], mask[:, start:end], c)
+
+            step_positions = chunk_positions(2 * b, self.model.get_output_embeddings().weight.shape[0])
+            hidden = torch.cat([student_hidden, teacher_hidden.to(student_hidden.dtype)], dim=0)
+            per_token, kl, gap = chunked_over_positions(self.model, hidden, one_chunk, step_positions)
+        else:  # DDP/FSDP: the student's forward goes through its wrapper, whole
+            student_logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()[:, :-1]
+            per_token, kl, gap = lopd_token_terms(student_logits, output_logits(self.frozen_teacher, teacher_hidden),
+                                                  targets, mask, c)
         loss = weighted_sum(per_token, coef["distill"])
-        metrics = distill_metrics(loss, student_logits, teacher_logits.detach(), mask, coef["distill"])
+        metrics = {"distill_loss": float(loss.detach()), "kl": float(weighted_sum(kl.detach(), coef["distill"]))}
         if c.margin:
-            targets = batch.input_ids[rows][:, 1:width].to(student_logits.device)
-            gap = token_logprobs(teacher_logits, targets) - student_logp.detach()
             loss = loss + self.beta * weighted_sum(c.margin_value - gap, coef["margin"])
             metrics["margin_gap"] = float(weighted_sum(gap.detach(), coef["margin"]))
             metrics["margin_weight"] = float(fit_width(coef["margin"], gap).sum())
