@@ -12,8 +12,9 @@ one-action prompt), the env family's registered default. Rollout k of seed s use
 `s * 1_000_000 + k` whatever the batch size, so numbers do not depend on `num_envs` or the memory budget.
 
 What a run leaves (with `--out rec.json`): the record, and beside it `rec.episodes.jsonl`, one line per
-episode written as each batch finishes (outcome, turns, errors, tokens; the first `transcripts` episodes
-with their whole transcript). An interrupted run (Ctrl-C) still writes a record of the episodes it
+episode written as each episode ends (outcome, turns, errors, tokens; the first `transcripts` episodes
+with their whole transcript). The record itself keeps three episode traces (failures first), which the
+leaderboard shows turn by turn. An interrupted run (Ctrl-C) still writes a record of the episodes it
 finished, marked `protocol.partial = true` so the leaderboard never pools it with complete runs.
 
 Decisions: one record per seed (`rec.seed0.json`, ... for several); `wall_time_s` is the rollout time of
@@ -44,6 +45,7 @@ __all__ = ["EvalSetupError", "PolicySource", "evaluate_policy", "load_policy", "
 DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_K_VALUES = (1, 5, 10)
 DEFAULT_MEMORY_BUDGET_GB = 2.0
+KEPT_EPISODES = 3  # traces kept inside each record (the episode file beside it has them all)
 _SEED_STRIDE = 1_000_000  # rollout seeds of different evaluation seeds never meet below a million rollouts
 _LEGACY_PROTOCOL = ("text", "You are an agent in a text environment. Reply with exactly one action per turn.")
 
@@ -106,6 +108,16 @@ class _Progress:
     @property
     def tokens_per_s(self) -> float:
         return self.agent_tokens / max(time.perf_counter() - self.started, 1e-9)
+
+
+def kept_traces(episodes: Sequence[Episode], tokenizer: Any, limit: int = KEPT_EPISODES) -> list[dict[str, Any]]:
+    """The episodes a record keeps for the leaderboard's episode view: failures first (where the policy goes
+    wrong), then successes, each group in task order, at most ``limit``."""
+    from evaluation.episode_trace import trace_episode
+
+    chosen = [e for e in episodes if not e.success][:limit]
+    chosen += [e for e in episodes if e.success][: limit - len(chosen)]
+    return [trace_episode(e, tokenizer=tokenizer) for e in chosen]
 
 
 def evaluate_policy(
@@ -190,6 +202,7 @@ def evaluate_policy(
                              wall_time_s=time.perf_counter() - started, k_values=k_values,
                              protocol={**settings, **({"partial": True} if interrupted else {})},
                              throughput={"agent_tokens": bar.agent_tokens, "tokens_per_s": round(bar.tokens_per_s, 2)})
+        record["episodes"] = kept_traces(bar.done, getattr(model, "tokenizer", None))
         records.append(record)
         if out is not None:
             out.write_text(json.dumps(record, indent=2) + "\n")

@@ -132,6 +132,12 @@ def test_cli_writes_one_record_per_seed_that_the_leaderboard_groups(tmp_path, ca
     for p in paths:
         board.add(p)
     board.build()
+    # each record keeps its episodes (failures first) and the page shows them turn by turn
+    kept = records[0]["episodes"]
+    assert len(kept) == 2 and all(not ep["success"] for ep in kept) and len(kept[0]["turns"]) == 2
+    assert kept[0]["turns"][0]["error_kind"] == "parse_error" and kept[0]["turns"][0]["tokens"]
+    page = next((tmp_path / "lb" / "episodes").glob("*.html")).read_text()
+    assert "parse_error" in page and kept[0]["task_id"] in page
     prompt = "#" + hashlib.sha256(DEFAULT_SYSTEM_PROMPT.encode()).hexdigest()[:6]  # the family's prompt, by fingerprint
     assert (f"| {ENV} | base [max_new_tokens=8 max_turns=2 system_prompt={prompt}] | tiny | - | 0,1 | 4 |"
             in (tmp_path / "lb" / "LEADERBOARD.md").read_text())
