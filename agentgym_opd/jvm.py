@@ -168,3 +168,112 @@ def _closed() -> None:
 def log_restart(env_id: str, where: str, cause: str, restarts: int) -> None:
     """The one line a JVM restart leaves in the log."""
     logger.warning("%s: JVM failed during %s (%s); restarted it (restart #%d)", env_id, where, cause, restarts)
+
+
+class JVMSimulatorEnv:
+    """The crash handling every ``TextEnv`` over a py4j simulator shares; mix in before ``TextEnv``.
+
+    The env provides ``simulator`` (its name in messages), ``step_timeout_s``, ``load_timeout_s``,
+    ``_new_engine()`` (a fresh engine with :func:`set_call_timeout` applied) and ``_replay()`` (reload the
+    current task and replay ``self._history``: the simulators are deterministic), sets ``self.restarts = 0``
+    and ``self.engine = self._new_engine()``, and runs its simulator calls through :meth:`_call` (outside a
+    step) or :meth:`_step_call` (a step). In return: a failed call kills the JVM, starts a fresh one and logs
+    one line; a failed step is an ``env_crash`` after which the episode goes on from the same state; a reset
+    that needed a restart reports the ``env_crash`` in ``info["error"]``.
+    """
+
+    simulator = "The simulator"
+    restarts: int
+    engine: Any
+
+    def _new_engine(self) -> Any:
+        raise NotImplementedError
+
+    def _replay(self) -> None:
+        raise NotImplementedError
+
+    def _on_fresh_engine(self) -> None:
+        """Forget what the old engine held (e.g. which task it had loaded)."""
+
+    def _call(self, where: str, call: Callable[[], _T], *, slow: bool = True) -> _T:
+        """``call()`` against the engine; a JVM failure restarts it (one log line) and retries once.
+
+        For calls outside a step (task lists, loading a task, replaying an episode): nothing to replay.
+        ``slow`` calls get ``load_timeout_s`` (a fresh JVM loads classes and warms up), others
+        ``step_timeout_s``. ``call`` must look the engine up when it runs (``self.engine``): a retry gets a
+        new one."""
+        for attempt in (0, 1):
+            try:
+                with call_timeout(self.engine, self.load_timeout_s if slow else self.step_timeout_s,
+                                  self.step_timeout_s):
+                    return guarded(self.engine, call)
+            except JVMFailure as failure:
+                self._fresh_engine(where, str(failure))
+                if attempt:
+                    raise RuntimeError(f"{self.env_id}: {self.simulator}'s JVM failed twice in a row during {where} "
+                                       f"({failure}); is Java 17+ working?") from None
+        raise AssertionError("unreachable")
+
+    def _fresh_engine(self, where: str, cause: str) -> None:
+        """Kill the old JVM (dead, frozen or failing), start a new one, log one line."""
+        self.restarts += 1
+        log_restart(self.env_id, where, cause, self.restarts)
+        old, self.engine = self.engine, None
+        kill(old)
+        self.engine = self._new_engine()
+        self._on_fresh_engine()
+
+    def _start_call(self, call: Callable[[], _T]) -> _T:
+        """The call that starts an episode; a restart it needed is reported by :meth:`reset`."""
+        restarts = self.restarts
+        result = self._call("reset", call)
+        if self.restarts != restarts:
+            self._reset_crash = f"{self.restarts - restarts} restart(s)"
+        return result
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """The base reset; a JVM that had to be restarted to start the episode is reported as ``env_crash``."""
+        from agentgym_opd.types import StepError
+
+        self._reset_crash = None
+        obs, info = super().reset(seed=seed, options=options)  # type: ignore[misc]
+        if self._reset_crash is not None:
+            info["error"] = StepError("env_crash", f"{self.simulator}'s JVM failed ({self._reset_crash}) and was "
+                                                   "restarted before this episode began.")
+        return obs, info
+
+    def _step_call(self, call: Callable[..., _T], *args: Any) -> Any:
+        """One step's simulator call; on a JVM failure, the ``StepOutcome`` of :meth:`_crash_and_restart`."""
+        try:
+            return guarded(self.engine, call, *args)
+        except JVMFailure as failure:
+            return self._crash_and_restart(str(failure))
+
+    def _crash_and_restart(self, cause: str) -> Any:
+        """A fresh JVM with the episode replayed; if that fails too, the episode ends as a crash."""
+        from agentgym_opd.core import StepOutcome
+        from agentgym_opd.types import StepError
+
+        self._fresh_engine("step", cause)
+        try:
+            self._call("episode replay", self._replay)
+        except RuntimeError:
+            return StepOutcome("The simulator crashed and could not be restarted; the episode ends here.",
+                               terminated=True,
+                               error=StepError("env_crash", f"{self.simulator}'s JVM failed ({cause}) and could not "
+                                                            "be restored; the episode was ended."))
+        return StepOutcome(
+            "The simulator crashed and was restarted; the world is as it was before your last action. "
+            "Try the action again or choose another.",
+            error=StepError("env_crash", f"{self.simulator}'s JVM failed ({cause}); it was restarted and the "
+                                         "episode replayed."))
+
+    def jvm_pid(self) -> int | None:
+        """The simulator's JVM process id (tests kill and freeze it to check crash recovery)."""
+        proc = java_process(self.engine)
+        return None if proc is None else proc.pid
+
+    def close(self) -> None:
+        engine, self.engine = getattr(self, "engine", None), None
+        if engine is not None:
+            kill(engine)

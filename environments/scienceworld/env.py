@@ -23,7 +23,6 @@ Decisions, and why:
 from __future__ import annotations
 
 import shutil
-from typing import Any, Callable
 
 from agentgym_opd import jvm
 from agentgym_opd.core import StepOutcome, TextEnv, UnknownTaskError
@@ -44,10 +43,11 @@ def _load_engine_class():
     return ScienceWorldEnv
 
 
-class ScienceWorldTextEnv(TextEnv):
+class ScienceWorldTextEnv(jvm.JVMSimulatorEnv, TextEnv):
     """One ScienceWorld task; its variations in the split are the env's tasks."""
 
     description = "ScienceWorld science tasks"
+    simulator = "ScienceWorld"
 
     def __init__(
         self,
@@ -75,7 +75,6 @@ class ScienceWorldTextEnv(TextEnv):
         self.want_valid_actions, self.want_extras = valid_actions, extras
         self.fold, self.max_tasks = _FOLDS[split], max_tasks
         self.restarts = 0
-        self._reset_crash: str | None = None
         self.engine = self._new_engine()
         if task_name not in list(self._call("startup", lambda: self.engine.get_task_names())):
             raise ValueError(f"unknown ScienceWorld task {task_name!r}; see environments.scienceworld.TASK_NAMES")
@@ -91,30 +90,8 @@ class ScienceWorldTextEnv(TextEnv):
         jvm.set_call_timeout(engine, self.step_timeout_s)
         return engine
 
-    # ------------------------------------------------------------------ the JVM
-    def _call(self, where: str, call: Callable[[], Any], *, slow: bool = True) -> Any:
-        """``call()`` against the engine; a JVM failure restarts it (one log line) and retries once.
-
-        For calls outside an episode (task lists, loading a task): nothing to replay."""
-        for attempt in (0, 1):
-            try:
-                with jvm.call_timeout(self.engine, self.load_timeout_s if slow else self.step_timeout_s,
-                                      self.step_timeout_s):
-                    return jvm.guarded(self.engine, call)
-            except jvm.JVMFailure as failure:
-                self._fresh_engine(where, str(failure))
-                if attempt:
-                    raise RuntimeError(f"{self.env_id}: ScienceWorld's JVM failed twice in a row during {where} "
-                                       f"({failure}); is Java 17+ working?") from None
-
-    def _fresh_engine(self, where: str, cause: str) -> None:
-        """Kill the old JVM (dead, frozen or failing), start a new one, log one line."""
-        self.restarts += 1
-        jvm.log_restart(self.env_id, where, cause, self.restarts)
-        old, self.engine = self.engine, None
-        jvm.kill(old)
-        self.engine = self._new_engine()
-        self._loaded = None
+    def _on_fresh_engine(self) -> None:
+        self._loaded = None  # the new JVM has no variation loaded
 
     # ------------------------------------------------------------------ tasks
     def task_ids(self) -> list[str]:
@@ -159,22 +136,10 @@ class ScienceWorldTextEnv(TextEnv):
         return task
 
     # ------------------------------------------------------------------ episode
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """The base reset; a JVM that had to be restarted to start the episode is reported as ``env_crash``."""
-        self._reset_crash = None
-        obs, info = super().reset(seed=seed, options=options)
-        if self._reset_crash is not None:
-            info["error"] = StepError("env_crash", f"ScienceWorld's JVM failed ({self._reset_crash}) and was "
-                                                   "restarted before this episode began.")
-        return obs, info
-
     def _start(self, task: Task) -> str:
         self._history = []
         self._score, self._completed = 0, False
-        restarts = self.restarts
-        obs = self._call("reset", lambda: self._begin(task.metadata["variation"]))
-        if self.restarts != restarts:
-            self._reset_crash = f"{self.restarts - restarts} restart(s)"
+        obs = self._start_call(lambda: self._begin(task.metadata["variation"]))
         return f"{task.instruction}\n\n{obs}"
 
     def _begin(self, variation: int) -> str:
@@ -194,10 +159,9 @@ class ScienceWorldTextEnv(TextEnv):
 
     def _act(self, action: str) -> StepOutcome:
         before = self._score
-        try:
-            obs = jvm.guarded(self.engine, self._raw_step, action)
-        except jvm.JVMFailure as failure:
-            return self._crash_and_restart(str(failure))
+        obs = self._step_call(self._raw_step, action)
+        if isinstance(obs, StepOutcome):  # the JVM failed: restarted, episode replayed
+            return obs
         self._history.append(action)
         error = None
         if obs.startswith(_INVALID_PREFIXES):
@@ -209,22 +173,6 @@ class ScienceWorldTextEnv(TextEnv):
             )
         return StepOutcome(obs, reward=float(self._score - before), terminated=self._completed, error=error)
 
-    def _crash_and_restart(self, cause: str) -> StepOutcome:
-        """A fresh JVM with the episode replayed; if that fails too, the episode ends as a crash."""
-        self._fresh_engine("step", cause)
-        try:
-            self._call("episode replay", self._replay)
-        except RuntimeError:
-            return StepOutcome("The simulator crashed and could not be restarted; the episode ends here.",
-                               terminated=True,
-                               error=StepError("env_crash", f"ScienceWorld's JVM failed ({cause}) and could not be "
-                                                            "restored; the episode was ended."))
-        return StepOutcome(
-            "The simulator crashed and was restarted; the world is as it was before your last action. "
-            "Try the action again or choose another.",
-            error=StepError("env_crash", f"ScienceWorld's JVM failed ({cause}); it was restarted and the episode replayed."),
-        )
-
     def _replay(self) -> None:
         """Reload the episode's variation and replay its actions (the simulator is deterministic); the
         history is left as it is, so a second attempt after a failed one replays all of it again."""
@@ -233,14 +181,6 @@ class ScienceWorldTextEnv(TextEnv):
         self._raw_step("look around")
         for action in self._history:
             self._raw_step(action)
-
-    def _jvm_exited(self) -> bool:
-        return not jvm.alive(self.engine)
-
-    def jvm_pid(self) -> int | None:
-        """The simulator's JVM process id (tests kill and freeze it to check crash recovery)."""
-        proc = jvm.java_process(self.engine)
-        return None if proc is None else proc.pid
 
     def admissible_actions(self) -> list[str] | None:
         if not self.want_valid_actions:
@@ -262,8 +202,3 @@ class ScienceWorldTextEnv(TextEnv):
             except jvm.JVMFailure:  # the next step finds the failure and restarts the JVM
                 info["look"] = info["inventory"] = ""
         return obs, reward, terminated, truncated, info
-
-    def close(self) -> None:
-        engine, self.engine = getattr(self, "engine", None), None
-        if engine is not None:
-            jvm.kill(engine)

@@ -17,7 +17,6 @@ the new episode and `info["error"]` reports the `env_crash`.
 from __future__ import annotations
 
 import shutil
-from typing import Any, Callable
 
 from agentgym_opd import jvm
 from agentgym_opd.core import StepOutcome, TextEnv, UnknownTaskError
@@ -37,10 +36,11 @@ def _load_engine_class():
     return TextWorldExpressEnv
 
 
-class TextWorldExpressTextEnv(TextEnv):
+class TextWorldExpressTextEnv(jvm.JVMSimulatorEnv, TextEnv):
     """One TWX game family; tasks are the split's seeds (capped by `max_tasks` for a stable, small list)."""
 
     description = "TextWorldExpress text games"
+    simulator = "TextWorldExpress"
 
     def __init__(
         self,
@@ -64,7 +64,6 @@ class TextWorldExpressTextEnv(TextEnv):
         self._engine_cls = _load_engine_class()
         self.step_timeout_s, self.load_timeout_s = float(step_timeout_s), float(load_timeout_s)
         self.restarts = 0
-        self._reset_crash: str | None = None
         self._history: list[str] = []
         self.engine = self._new_engine()
         games = list(self._call("startup", lambda: self.engine.getGameNames()))
@@ -83,36 +82,6 @@ class TextWorldExpressTextEnv(TextEnv):
         engine = self._engine_cls(envStepLimit=self.max_turns + 1)
         jvm.set_call_timeout(engine, self.step_timeout_s)
         return engine
-
-    def _call(self, where: str, call: Callable[[], Any]) -> Any:
-        """``call()`` against the engine; a JVM failure restarts it (one log line) and retries once.
-
-        These are the calls outside a step (task lists, generating a game, replaying an episode): they get
-        ``load_timeout_s``, since the first calls into a fresh JVM load classes and warm up and are much
-        slower than a step. ``call`` must look the engine up when it runs (``self.engine``), since a retry
-        gets a new one."""
-        for attempt in (0, 1):
-            try:
-                with jvm.call_timeout(self.engine, self.load_timeout_s, self.step_timeout_s):
-                    return jvm.guarded(self.engine, call)
-            except jvm.JVMFailure as failure:
-                self._fresh_engine(where, str(failure))
-                if attempt:
-                    raise RuntimeError(f"{self.env_id}: TextWorldExpress's JVM failed twice in a row during {where} "
-                                       f"({failure}); is Java 17+ working?") from None
-
-    def _fresh_engine(self, where: str, cause: str) -> None:
-        """Kill the old JVM (dead, frozen or failing), start a new one, log one line."""
-        self.restarts += 1
-        jvm.log_restart(self.env_id, where, cause, self.restarts)
-        old, self.engine = self.engine, None
-        jvm.kill(old)
-        self.engine = self._new_engine()
-
-    def jvm_pid(self) -> int | None:
-        """The simulator's JVM process id (tests kill and freeze it to check crash recovery)."""
-        proc = jvm.java_process(self.engine)
-        return None if proc is None else proc.pid
 
     # ------------------------------------------------------------------ tasks
     def _reset_engine(self, seed: int) -> tuple[str, dict]:
@@ -156,20 +125,8 @@ class TextWorldExpressTextEnv(TextEnv):
         return task
 
     # ------------------------------------------------------------------ episode
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """The base reset; a JVM that had to be restarted to start the episode is reported as ``env_crash``."""
-        self._reset_crash = None
-        obs, info = super().reset(seed=seed, options=options)
-        if self._reset_crash is not None:
-            info["error"] = StepError("env_crash", f"TextWorldExpress's JVM failed ({self._reset_crash}) and was "
-                                                   "restarted before this episode began.")
-        return obs, info
-
     def _start(self, task: Task) -> str:
-        restarts = self.restarts
-        obs, infos = self._call("reset", lambda: self._reset_engine(task.metadata["seed"]))
-        if self.restarts != restarts:
-            self._reset_crash = f"{self.restarts - restarts} restart(s)"
+        obs, infos = self._start_call(lambda: self._reset_engine(task.metadata["seed"]))
         self._history = []
         self._absorb(infos)
         return f"{infos['taskDescription']}\n\n{obs}"
@@ -180,10 +137,10 @@ class TextWorldExpressTextEnv(TextEnv):
         self._score = float(infos["score"])
 
     def _act(self, action: str) -> StepOutcome:
-        try:
-            obs, reward, done, infos = jvm.guarded(self.engine, self.engine.step, action)
-        except jvm.JVMFailure as failure:
-            return self._crash_and_restart(str(failure))
+        result = self._step_call(self.engine.step, action)
+        if isinstance(result, StepOutcome):  # the JVM failed: restarted, episode replayed
+            return result
+        obs, reward, done, infos = result
         self._history.append(action)
         self._absorb(infos)
         error = None
@@ -194,21 +151,6 @@ class TextWorldExpressTextEnv(TextEnv):
                 + ", ".join(sorted(self._valid)[:25]),
             )
         return StepOutcome(obs, reward=float(reward), terminated=bool(done or infos["taskfailure"]), error=error)
-
-    def _crash_and_restart(self, cause: str) -> StepOutcome:
-        """A fresh JVM with the game regenerated and the episode replayed; if that fails too, the episode ends."""
-        self._fresh_engine("step", cause)
-        try:
-            self._call("episode replay", self._replay)
-        except RuntimeError:
-            return StepOutcome("The game crashed and could not be restarted; the episode ends here.", terminated=True,
-                               error=StepError("env_crash", f"TextWorldExpress's JVM failed ({cause}) and could not "
-                                                            "be restored; the episode was ended."))
-        return StepOutcome(
-            "The game crashed and was restarted; the world is as it was before your last action. "
-            "Try the action again or choose another.",
-            error=StepError("env_crash", f"TextWorldExpress's JVM failed ({cause}); it was restarted and the "
-                                         "episode replayed."))
 
     def _replay(self) -> None:
         """Regenerate the episode's game from its seed and replay its actions (TWX is deterministic)."""
@@ -222,8 +164,3 @@ class TextWorldExpressTextEnv(TextEnv):
 
     def progress(self) -> tuple[bool, float]:
         return self._success, self._score
-
-    def close(self) -> None:
-        engine, self.engine = getattr(self, "engine", None), None
-        if engine is not None:
-            jvm.kill(engine)
