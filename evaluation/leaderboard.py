@@ -111,7 +111,8 @@ class Row:
     metrics: dict[str, tuple[float, float]] = field(default_factory=dict)
     curves: list[list[dict[str, Any]]] = field(default_factory=list)
     protocol: str = ""  # records.protocol_label: rows evaluated differently are never pooled
-    protocol_short: str = ""  # the same without the eval defaults, for tables
+    protocol_short: str = ""  # the same without the eval defaults, for a method's name
+    protocol_shown: str = ""  # the whole protocol with the system prompt as a fingerprint, for a table's column
     effective_protocol: dict[str, Any] = field(default_factory=dict)
     budget: tuple[int | None, int | None] = (None, None)
     origins: list[str] = field(default_factory=list)
@@ -153,6 +154,7 @@ class Method:
     teacher: str | None
     protocol: str
     display: str
+    shown_protocol: str = ""  # `protocol` with the system prompt as a fingerprint (tables)
     by_env: dict[str, Row] = field(default_factory=dict)
     protocol_differs: bool = False
 
@@ -272,6 +274,7 @@ class Leaderboard:
             recs = sorted(recs, key=lambda r: r["seed"])
             row = Row(env_id, split, algo, student, teacher, [r["seed"] for r in recs], sum(r["n_episodes"] for r in recs),
                       protocol=protocol, protocol_short=protocol_label(recs[0], short=True),
+                      protocol_shown=protocol_label(recs[0], fingerprint_prompt=True),
                       effective_protocol=effective_protocol(recs[0]), budget=record_budget(recs[0]),
                       origins=[r.get("origin", "original") for r in recs], record_ids=[record_id(r) for r in recs])
             names = sorted({m for r in recs for m in r["metrics"]})
@@ -323,7 +326,8 @@ class Leaderboard:
             ranking_env = env_ids[0]
             methods: dict[tuple, Method] = {}
             for r in frows:
-                m = methods.setdefault(r.method_key, Method(r.algorithm, r.student, r.teacher, r.protocol, r.display_algorithm))
+                m = methods.setdefault(r.method_key, Method(r.algorithm, r.student, r.teacher, r.protocol, r.display_algorithm,
+                                                            r.protocol_shown))
                 m.by_env[r.env_id] = r
             bench = [r.effective_protocol for r in frows if r.protocol == "" and r.effective_protocol.get("max_turns") is not None]
             bench_protocol = max(bench, key=lambda p: sum(q == p for q in bench)) if bench else None
@@ -370,7 +374,7 @@ class Leaderboard:
                 episodes, tokens = m.budget
                 cells = [str(rank), name, *[self.interval_text(m.by_env.get(e), table.metric) for e in table.env_ids],
                          "-" if episodes is None else str(episodes), "-" if tokens is None else str(tokens),
-                         m.teacher or "-", m.student, ",".join(map(str, m.seeds)), m.protocol or "bench"]
+                         m.teacher or "-", m.student, ",".join(map(str, m.seeds)), m.shown_protocol or "bench"]
                 lines.append("| " + " | ".join(md_cell(c) for c in cells) + " |")
             lines += ["", f"Errors on {md_cell(table.ranking_env)} (share of turns, by kind):", ""]
             kinds = error_kinds(table)

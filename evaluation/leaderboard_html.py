@@ -89,7 +89,7 @@ def _episode_link(row: "Row | None") -> str | None:
 
 def _ranked_table(board: "Leaderboard", table: "FamilyTable", index: int) -> list[str]:
     table_id = f"rank-{index}"
-    protocols = sorted({m.protocol or "bench" for m in table.methods})
+    protocols = sorted({m.shown_protocol or "bench" for m in table.methods})
     out = []
     if len(protocols) > 1:
         options = "".join(f'<option value="{escape(p)}">{escape(p)}</option>' for p in protocols)
@@ -122,9 +122,9 @@ def _ranked_table(board: "Leaderboard", table: "FamilyTable", index: int) -> lis
         cells += [f'<td data-sort="{-1 if episodes is None else episodes}">{"-" if episodes is None else episodes}</td>',
                   f'<td data-sort="{-1 if tokens is None else tokens}">{"-" if tokens is None else tokens}</td>',
                   f'<td class="small">{escape(m.teacher or "-")}</td>', f'<td class="small">{escape(m.student)}</td>',
-                  f'<td>{escape(",".join(map(str, m.seeds)))}</td>', f'<td class="small">{escape(m.protocol or "bench")}</td>',
+                  f'<td>{escape(",".join(map(str, m.seeds)))}</td>', f'<td class="small">{escape(m.shown_protocol or "bench")}</td>',
                   f'<td class="small">{view}</td>']
-        out.append(f'<tr{cls} data-algorithm="{escape(m.algorithm)}" data-protocol="{escape(m.protocol or "bench")}">' + "".join(cells) + "</tr>")
+        out.append(f'<tr{cls} data-algorithm="{escape(m.algorithm)}" data-protocol="{escape(m.shown_protocol or "bench")}">' + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
     return out
 

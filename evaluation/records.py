@@ -232,13 +232,14 @@ PROTOCOL_DEFAULTS: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "samples"
                                      "max_turns": None, "backend": "hf", "action_parser": "text"}
 
 
-def protocol_label(record: dict[str, Any], *, short: bool = False) -> str:
+def protocol_label(record: dict[str, Any], *, short: bool = False, fingerprint_prompt: bool = False) -> str:
     """A stable text for a record's evaluation protocol ('' when it has none): part of its identity.
-    ``short`` drops the entries equal to the eval defaults, for tables."""
+    ``short`` drops the entries equal to the eval defaults and shows the system prompt by its fingerprint,
+    for a method's name; ``fingerprint_prompt`` only the latter, for a table's protocol column."""
     protocol = record.get("protocol") or {}
     keys = [k for k in sorted(protocol) if not (short and k in PROTOCOL_DEFAULTS and protocol[k] == PROTOCOL_DEFAULTS[k])]
     shown = {k: str(protocol[k]) for k in keys}
-    if short and isinstance(protocol.get("system_prompt"), str):  # a paragraph: a table shows its fingerprint
+    if (short or fingerprint_prompt) and isinstance(protocol.get("system_prompt"), str):  # a paragraph
         shown["system_prompt"] = "#" + hashlib.sha256(protocol["system_prompt"].encode()).hexdigest()[:6]
     return " ".join(f"{k}={shown[k]}" for k in keys)
 
