@@ -41,6 +41,16 @@ from evaluation.records import (MAX_RECORD_BYTES, RecordError, env_family, is_ra
 IDENTITY_FIELDS = ("env_id", "split", "algorithm", "student", "teacher", "seed")
 # the headline metric of an env family, where it is not success
 HEADLINE_METRICS = {"searchqa": "em", "code": "pass@1"}
+# what success_rate is, in a family's own terms, when the headline metric is not recorded under its name:
+# a searchqa episode succeeds on an exact match, and a code task's success rate over equal samples per
+# task is the unbiased pass@1
+SUCCESS_MEANS = {"searchqa": "exact match", "code": "pass@1"}
+
+
+def metric_title(family: str, metric: str) -> str:
+    """The primary metric's name for a table's caption, with its benchmark meaning where it has one."""
+    meaning = SUCCESS_MEANS.get(family) if metric == "success_rate" else None
+    return f"{metric} (= {meaning})" if meaning else metric
 # split names in the order the ranked table shows them: held-out first (it is the ranking key)
 SPLIT_ORDER = ("valid_unseen", "unseen", "test", "valid_seen", "seen", "valid", "dev", "train")
 # the protocol entries two rows must share to be compared as equals
@@ -364,7 +374,8 @@ class Leaderboard:
                  "A `*` marks a row whose evaluation protocol differs from the bench's; `(reproduced)` a rerun.", ""]
         for table in self.family_tables(rows):
             lines += [f"## {md_cell(table.family)}", "",
-                      f"Primary metric: `{md_cell(table.metric)}`; ranked by {md_cell(table.ranking_env)}.", ""]
+                      f"Primary metric: `{md_cell(metric_title(table.family, table.metric))}`; ranked by "
+                      f"{md_cell(table.ranking_env)}.", ""]
             head = ["#", "method", *[f"{table.metric} {e.split('/', 1)[1]}" for e in table.env_ids],
                     "rollout episodes", "tokens", "teacher", "student", "seeds", "protocol"]
             lines.append("| " + " | ".join(md_cell(h) for h in head) + " |")

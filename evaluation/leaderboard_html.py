@@ -147,6 +147,8 @@ def _error_table(table: "FamilyTable") -> list[str]:
 
 
 def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
+    from evaluation.leaderboard import metric_title
+
     body = ["<h1>agentgym-opd leaderboard</h1>",
             '<p class="note">Per env family, methods ranked by the primary metric on the held-out split (first '
             "column). Cells: mean <span class=\"ci\">[95% interval]</span>: across seeds a Student-t interval of "
@@ -156,7 +158,7 @@ def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
     tables = board.family_tables(rows)
     for i, table in enumerate(tables):
         body.append(f'<h2 id="{escape(table.family)}">{escape(table.family)}</h2>')
-        body.append(f'<p class="note">Primary metric <b>{escape(table.metric)}</b>; ranked by '
+        body.append(f'<p class="note">Primary metric <b>{escape(metric_title(table.family, table.metric))}</b>; ranked by '
                     f"{escape(table.ranking_env)}.</p>")
         body += _ranked_table(board, table, i)
         body.append(f'<p class="note">Errors on {escape(table.ranking_env)}: share of turns that ended in each error kind.</p>')

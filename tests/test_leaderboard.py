@@ -139,3 +139,12 @@ def test_records_evaluated_under_different_protocols_are_separate_rows(tmp_path)
     assert "| opd |" in table and "| opd [temperature=1.0] |" in table  # the eval defaults are not spelled out
     with pytest.raises(RecordError, match="protocol"):
         validate_record({**rec(2, 0.0, 0.1), "protocol": {"temperature": [0.1]}})
+
+
+def test_a_familys_caption_names_what_its_success_rate_is():
+    from evaluation.leaderboard import metric_title
+
+    assert metric_title("code", "success_rate") == "success_rate (= pass@1)"
+    assert metric_title("searchqa", "success_rate") == "success_rate (= exact match)"
+    assert metric_title("household", "success_rate") == "success_rate"
+    assert metric_title("code", "pass@1") == "pass@1"
