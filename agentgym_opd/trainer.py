@@ -116,7 +116,8 @@ def load_teacher(config: RunConfig, algo_config: Any) -> Any:
         raise ValueError("model.teacher_backend=vllm serves the log-probs of the student's ids and the teacher's "
                          "own top-M, not full logits: set algo.top_m=M (e.g. 64) with algo.top_m_support=teacher, "
                          "or algo.estimator=sampled, or use model.teacher_backend=hf")
-    return _vllm_policy(model_path(m.teacher), config, "model.teacher_backend=vllm", max_logprobs=top_m)
+    # at least the top-1: SAGE-OPD's turn confidence is the teacher's top-1 probability
+    return _vllm_policy(model_path(m.teacher), config, "model.teacher_backend=vllm", max_logprobs=max(top_m, 1))
 
 
 def batch_metrics(batch: RolloutBatch) -> dict[str, float]:

@@ -53,7 +53,7 @@ import torch
 
 from agentgym_opd.algorithm import LossTerm, Step, agent_mask
 from agentgym_opd.config import constrained
-from agentgym_opd.distill import AlignedTeacher, DistillState
+from agentgym_opd.distill import AlignedTeacher, DistillState, TeacherInputs, aligned_teacher_scores
 from agentgym_opd.policy.hf import chunk_positions
 from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.rollout import RolloutBatch
@@ -323,10 +323,7 @@ class SAGEOPD(OPD):
             on, turns = mask[rows][:, : width - 1], turn_of[rows][:, : width - 1]
             tokens = token_importance(turns, on, importance[rows])
             if self.config.use_confidence:
-                view = self.teacher_view(batch, rows, state)
-                teacher = self.teacher_hidden(view, width)
-                top1 = (chunked_top1_probability(teacher) if teacher is not None
-                        else top1_probability(self.teacher_logits(view, width)))
+                top1 = self.teacher_top1(self.teacher_view(batch, rows, state), width)
                 token_conf, turn_conf, present = confidence_per_turn(top1.cpu(), turns, on)
                 confidences.append(turn_conf[present])
                 tokens = tokens * token_conf
@@ -342,6 +339,18 @@ class SAGEOPD(OPD):
                           "algo.judge_max_new_tokens, algo.judge_thinking, or use algo.judge=errors_only)",
                           stacklevel=2)
         return state
+
+    def teacher_top1(self, view: TeacherInputs, width: int) -> torch.Tensor:
+        """``max_v p_T(v)`` at each student position ``[b, width - 1]``: from the in-process teacher a chunk
+        of positions at a time, or from a served teacher's own top-1 log-prob."""
+        teacher = self.teacher_hidden(view, width)
+        if teacher is not None:
+            return chunked_top1_probability(teacher)
+        scorer = self.teacher_scorer()
+        if scorer is not None:
+            _, top = aligned_teacher_scores(scorer, view, width, top_m=1)
+            return top.logprobs[..., 0].exp()
+        return top1_probability(self.teacher_logits(view, width))
 
     def token_weights(self, batch: RolloutBatch, state: SAGEState, step: Step) -> dict[str, LossTerm]:
         return {"distill": LossTerm(state.weights * self.kept_rows(state)[:, None], self.config.aggregation)}

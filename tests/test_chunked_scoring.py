@@ -191,3 +191,18 @@ def test_opd_against_a_scoring_only_teacher_equals_the_in_process_teacher(rollou
     loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.model.parameters())
     policy.model.zero_grad()
+
+
+def test_sage_opd_weighs_turns_by_a_served_teachers_confidence(rollout, teacher):
+    """SAGE-OPD's c_t from a scoring-only teacher (its top-1 log-prob) equals the in-process teacher's."""
+    from algorithms.sage_opd import SAGEOPD
+
+    policy, batch = rollout
+    config = {"top_m": 8, "top_m_support": "teacher", "judge": "errors_only"}
+    local, served = SAGEOPD(config, policy, teacher), SAGEOPD(config, policy, ScoringOnlyTeacher(teacher))
+    local_state, served_state = local.prepare(batch), served.prepare(batch)
+    assert (local_state.weights > 0).any() and 0 < local_state.metrics["mean_confidence"] < 1
+    torch.testing.assert_close(served_state.weights, local_state.weights, atol=1e-5, rtol=0)
+    local_loss, _ = local.loss(batch, local_state)
+    served_loss, _ = served.loss(batch, served_state)
+    assert abs(float(local_loss) - float(served_loss)) < 1e-5 and float(local_loss) > 0
