@@ -101,25 +101,15 @@ def sequence_logprobs(model: Any, batch: RolloutBatch, rows: Sequence[int] | sli
     return logp, batch.loss_mask[rows][:, 1:width].to(device).float()
 
 
-def reads_body_directly(model: Any) -> bool:
-    """Whether the chunked paths may call the model's body and output head themselves. Not under DDP or
-    FSDP: those wrappers sync or gather parameters in their own ``forward``, which such a call would skip."""
-    from agentgym_opd.distributed import is_fsdp
-
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) or is_fsdp(model):
-        return False
-    return hasattr(model, "get_decoder") and getattr(model, "get_output_embeddings", lambda: None)() is not None
-
-
 def token_logprobs_of(model: Any, ids: torch.Tensor, attention: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     """``[b, W-1]``: log-prob of ``ids[:, t+1]`` given ``ids[:, :t+1]``, differentiable. The body runs once and
     the output head a chunk of positions at a time (also in the backward), so the only vocabulary-sized
-    tensor is one chunk's (``chunk`` positions; default from the vocabulary's size); a wrapped model
-    (:func:`reads_body_directly`) takes its full forward instead."""
+    tensor is one chunk's (``chunk`` positions; default from the vocabulary's size); a model whose hidden
+    states cannot be reached (:func:`agentgym_opd.policy.hf.can_chunk`) takes its full forward instead."""
     from agentgym_opd.losses import token_logprobs
-    from agentgym_opd.policy.hf import chunked_token_scores, final_hidden_states
+    from agentgym_opd.policy.hf import can_chunk, chunked_token_scores, final_hidden_states
 
-    if not reads_body_directly(model):
+    if not can_chunk(model):
         logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()[:, :-1]
         return token_logprobs(logits, ids[:, 1:])
     hidden = final_hidden_states(model, ids, attention)[:, :-1]

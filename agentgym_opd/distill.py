@@ -27,13 +27,13 @@ from typing import Any, Sequence
 
 import torch
 
-from agentgym_opd.algorithm import (Algorithm, BatchState, LossTerm, Step, agent_mask, reads_body_directly,
-                                    sequence_logits, weighted_sum)
+from agentgym_opd.algorithm import Algorithm, BatchState, LossTerm, Step, agent_mask, sequence_logits, weighted_sum
 from agentgym_opd.config import constrained
 from agentgym_opd.losses import (TopM, aggregate_token_loss, full_vocab_divergence, sampled_token_surrogate,
                                  token_logprobs, topm_distillation, topm_divergence)
 from agentgym_opd.profiling import phase
-from agentgym_opd.policy.hf import chunk_positions, chunked_over_positions, final_hidden_states, output_logits
+from agentgym_opd.policy.hf import (can_chunk, chunk_positions, chunked_over_positions, final_hidden_states,
+                                   output_head, output_logits)
 from agentgym_opd.rollout import RolloutBatch
 from agentgym_opd.types import Episode, Task
 
@@ -272,7 +272,7 @@ def chunked_distillation_terms(student_model: Any, ids: torch.Tensor, attention:
     """
     hidden = final_hidden_states(student_model, ids, attention)[:, :-1]
     targets = ids[:, 1:]
-    vocab = student_model.get_output_embeddings().weight.shape[0]
+    vocab = output_head(student_model).weight.shape[0]
     step = chunk or chunk_positions(ids.shape[0], vocab)
 
     def one_chunk(h: torch.Tensor, start: int, end: int):
@@ -303,7 +303,7 @@ def scored_distillation_terms(student_model: Any, ids: torch.Tensor, attention: 
     teacher_logp = teacher_logp.to(device)
     record = None if teacher_topm is None else TopM(teacher_topm.ids.to(device), teacher_topm.logprobs.to(device),
                                                     teacher_topm.tail.to(device))
-    vocab = student_model.get_output_embeddings().weight.shape[0]
+    vocab = output_head(student_model).weight.shape[0]
     step = chunk or chunk_positions(ids.shape[0], vocab)
 
     def one_chunk(h: torch.Tensor, start: int, end: int):
@@ -389,7 +389,10 @@ class SelfTeacher:
             return
         student = dict(getattr(self.student, "model", self.student).named_parameters())
         for name, param in self.copy.named_parameters():
-            param.lerp_(student[name].detach(), self.ema_rate)
+            source = student[name].detach()
+            if hasattr(source, "full_tensor"):  # an FSDP-sharded student: the copy holds whole tensors
+                source = source.full_tensor()
+            param.lerp_(source, self.ema_rate)
 
     def state_dict(self) -> dict[str, Any]:
         return {"copy": self.copy.state_dict()} if self.mode == "ema" and self.copy is not None else {}
@@ -487,14 +490,13 @@ class DistillationAlgorithm(Algorithm):
 
     def chunked_terms(self, batch: RolloutBatch, rows: slice, state: DistillState) -> DistillTerms | None:
         """The per-token terms without any ``[b, T, V]`` (chunked; see :func:`chunked_distillation_terms`),
-        or None when the teacher offers neither hidden states nor scores, or the student is wrapped by DDP or
-        FSDP (then the full-logit path runs: the chunked path reads the body directly, past the wrapper's
-        forward and so past its gradient-sync and all-gather hooks)."""
-        if not reads_body_directly(self.model):
+        or None when the teacher offers neither hidden states nor scores, or the student's hidden states
+        cannot be reached (:func:`agentgym_opd.policy.hf.can_chunk`; then the full-logit path runs)."""
+        if not can_chunk(self.model):
             if self.teacher_scorer() is not None:
-                raise ValueError("a served teacher (model.teacher_backend=vllm) needs the chunked student path, "
-                                 "which does not run under train.strategy=ddp/fsdp yet: use one process per "
-                                 "trainer or model.teacher_backend=hf")
+                raise ValueError("a served teacher (model.teacher_backend=vllm) needs the chunked student path: "
+                                 "the student's forward must take `logits_to_keep` (any recent Transformers "
+                                 "causal LM does), or use model.teacher_backend=hf")
             return None
         device = next(self.model.parameters()).device
         attention = batch.attention_mask[rows]

@@ -54,7 +54,7 @@ import torch
 from agentgym_opd.algorithm import LossTerm, Step, agent_mask
 from agentgym_opd.config import constrained
 from agentgym_opd.distill import AlignedTeacher, DistillState, TeacherInputs, aligned_teacher_scores
-from agentgym_opd.policy.hf import chunk_positions
+from agentgym_opd.policy.hf import chunk_positions, output_head
 from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.rollout import RolloutBatch
 from agentgym_opd.types import Episode
@@ -265,7 +265,7 @@ def top1_probability(logits: torch.Tensor) -> torch.Tensor:
 def chunked_top1_probability(teacher: AlignedTeacher) -> torch.Tensor:
     """:func:`top1_probability` of an aligned teacher, made a chunk of positions at a time (no ``[b, T, V]``)."""
     b, length = teacher.hidden.shape[:2]
-    step = chunk_positions(b, teacher.network.get_output_embeddings().weight.shape[0])
+    step = chunk_positions(b, output_head(teacher.network).weight.shape[0])
     return torch.cat([top1_probability(teacher.logits(start, min(start + step, length)))
                       for start in range(0, length, step)], dim=1)
 

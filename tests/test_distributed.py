@@ -60,6 +60,8 @@ SCENARIOS = {
     "fsdp/sft": ("sft", "fsdp"),
     **{f"ddp/{case}": (case, "ddp") for case in ("opd", "opsd", "sdpo", "sage_opd", "vpd", "lopd")},
     "fsdp/lopd": ("lopd", "fsdp"),
+    "fsdp/opd": ("opd", "fsdp"),  # the chunked path through FSDP's own forward, a separate and a self-teacher
+    "fsdp/sdpo": ("sdpo", "fsdp"),
     "ddp/lopd_lora": ("lopd_lora", "ddp"),
 }
 
@@ -67,6 +69,7 @@ SCENARIOS = {
 def load_student(model_path, case: str):
     from agentgym_opd.policy.hf import LoraConfig
 
+    torch.manual_seed(5)  # a LoRA's initial A: the same in every process, whatever ran before in it
     return HFPolicy.from_pretrained(model_path, lora=LoraConfig(r=4, alpha=8) if case.endswith("_lora") else None)
 
 

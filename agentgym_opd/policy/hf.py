@@ -229,13 +229,56 @@ vocabulary, 2,774 of the tiny model's. Small enough that a chunk never dominates
 enough that each chunk is one efficient matrix product."""
 
 
+def bare_model(model: Any) -> Any:
+    """The module under a DDP wrapper (FSDP2 shards in place: its module is the model itself)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def is_wrapped(model: Any) -> bool:
+    """Whether ``model`` is a DDP or FSDP2 wrapper, whose own ``forward`` arms gradient sync or gathers shards."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return True
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def output_head(model: Any) -> Any:
+    """The model's ``lm_head`` (through a DDP wrapper)."""
+    return bare_model(model).get_output_embeddings()
+
+
+def can_chunk(model: Any) -> bool:
+    """Whether :func:`final_hidden_states` and the output head can be reached: a plain causal LM (its body),
+    or a wrapped one whose forward takes ``logits_to_keep`` (then the wrapper's own forward runs)."""
+    import inspect
+
+    bare = bare_model(model)
+    if getattr(bare, "get_output_embeddings", lambda: None)() is None:
+        return False
+    if not is_wrapped(model):
+        return hasattr(bare, "get_decoder")
+    base = bare.get_base_model() if hasattr(bare, "get_base_model") else bare  # under PEFT, the model it adapts
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
 def final_hidden_states(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """``[b, T, H]``: the body's last hidden states, after its final norm (what ``lm_head`` reads).
 
-    `get_decoder()` is the transformers name for the body of a causal LM; through PEFT it reaches the
-    adapted layers, so a LoRA model's adapters (and `disable_adapter`) apply as in a full forward pass.
+    A plain model runs its body (`get_decoder()`, the transformers name for it; through PEFT it reaches the
+    adapted layers, so a LoRA model's adapters and `disable_adapter` apply as in a full forward). A DDP or
+    FSDP wrapper must run its own ``forward`` (DDP arms its gradient sync there, FSDP gathers the root's
+    parameters and keeps them for the backward), so the whole model runs with ``logits_to_keep`` = no
+    position (no logits are made) and the last of its hidden states is returned: the same tensor.
     """
+    if is_wrapped(model):
+        keep_none = torch.empty(0, dtype=torch.long, device=input_ids.device)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                    output_hidden_states=True, logits_to_keep=keep_none)
+        return out.hidden_states[-1]
     body = model.get_decoder()
     out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state
@@ -244,8 +287,8 @@ def final_hidden_states(model: Any, input_ids: torch.Tensor, attention_mask: tor
 def output_logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
     """float32 logits from final hidden states, as the model's own forward computes them (``lm_head``,
     then the output scaling or soft-capping some architectures apply)."""
-    logits = model.get_output_embeddings()(hidden).float()
-    config = getattr(model, "config", None)
+    logits = output_head(model)(hidden).float()
+    config = getattr(bare_model(model), "config", None)
     scaling = getattr(config, "logits_scaling", None)
     if scaling:
         logits = logits / scaling
@@ -280,7 +323,7 @@ def chunked_token_scores(model: Any, hidden: torch.Tensor, targets: torch.Tensor
     """
     from agentgym_opd.losses import tail_logprob
 
-    vocab = model.get_output_embeddings().weight.shape[0]
+    vocab = output_head(model).weight.shape[0]
     if support_ids is None and top_m > vocab:
         raise ValueError(f"top_m={top_m} exceeds the vocabulary ({vocab} tokens)")
     step = chunk or chunk_positions(hidden.shape[0], vocab)
@@ -359,7 +402,7 @@ def chunked_over_positions(model: Any, hidden: torch.Tensor, fn: Any, step: int)
     simply run in turn; with it, :class:`_ChunkedHead` keeps one chunk's vocabulary-sized tensors at a
     time in the backward pass too.
     """
-    params = list(model.get_output_embeddings().parameters())
+    params = list(output_head(model).parameters())
     if torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in params)):
         return _ChunkedHead.apply(hidden, fn, step, len(params), *params)
     parts = [fn(hidden[:, a: a + step], a, min(a + step, hidden.shape[1])) for a in range(0, hidden.shape[1], step)]

@@ -38,12 +38,13 @@ from typing import Any, Sequence
 
 import torch
 
-from agentgym_opd.algorithm import LossTerm, Step, fit_width, reads_body_directly, weighted_sum
+from agentgym_opd.algorithm import LossTerm, Step, fit_width, weighted_sum
 from agentgym_opd.config import constrained
 from agentgym_opd.distill import (DistillConfig, DistillState, DistillationAlgorithm, TeacherInputs,
                                   aligned_teacher_hidden, aligned_teacher_logits, reverse_kl_per_token, with_context)
 from agentgym_opd.losses import token_logprobs, topm_distillation
-from agentgym_opd.policy.hf import chunk_positions, chunked_over_positions, final_hidden_states, output_logits
+from agentgym_opd.policy.hf import (can_chunk, chunk_positions, chunked_over_positions, final_hidden_states,
+                                   output_head, output_logits)
 from algorithms.lopd.composer import LatentComposer, plain_backbone
 from agentgym_opd.rollout import RolloutBatch
 from agentgym_opd.types import Episode
@@ -253,7 +254,7 @@ class LOPD(DistillationAlgorithm):
             teacher_hidden = latent_teacher_hidden(self.frozen_teacher, context, batch, rows, width)
         else:
             teacher_hidden = aligned_teacher_hidden(self.frozen_teacher, self.teacher_view(batch, rows, state), width).hidden
-        if reads_body_directly(self.model):  # student and teacher heads a chunk of positions at a time
+        if can_chunk(self.model):  # student and teacher heads a chunk of positions at a time
             student_hidden = final_hidden_states(self.model, ids, attention)[:, :-1]
             b = student_hidden.shape[0]
 
@@ -261,10 +262,10 @@ class LOPD(DistillationAlgorithm):
                 return lopd_token_terms(output_logits(self.model, h[:b]), output_logits(self.frozen_teacher, h[b:]),
                                         targets[:, start:end], mask[:, start:end], c)
 
-            step_positions = chunk_positions(2 * b, self.model.get_output_embeddings().weight.shape[0])
+            step_positions = chunk_positions(2 * b, output_head(self.model).weight.shape[0])
             hidden = torch.cat([student_hidden, teacher_hidden.to(student_hidden.dtype)], dim=0)
             per_token, kl, gap = chunked_over_positions(self.model, hidden, one_chunk, step_positions)
-        else:  # DDP/FSDP: the student's forward goes through its wrapper, whole
+        else:  # a student whose hidden states cannot be reached: its whole forward
             student_logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()[:, :-1]
             per_token, kl, gap = lopd_token_terms(student_logits, output_logits(self.frozen_teacher, teacher_hidden),
                                                   targets, mask, c)
