@@ -69,36 +69,37 @@ class LossTerm:
     scale: float = 1.0
 
 
+def micro_batch(model: Any, batch: RolloutBatch,
+                rows: Sequence[int] | slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids [b, T], attention [b, T], mask [b, T-1])`` of the given rows on the model's device, without the
+    all-padding columns of this micro-batch (``T`` is its longest real sequence). ``mask[t]`` is 1 exactly
+    where ids[t+1] is an agent-generated token: the shift lives here, once, because getting it wrong by one
+    token is the classic silent bug of token-level losses."""
+    device = next(model.parameters()).device
+    attention = batch.attention_mask[rows]
+    width = int(attention.sum(dim=1).max())
+    return (batch.input_ids[rows][:, :width].to(device), attention[:, :width].to(device),
+            batch.loss_mask[rows][:, 1:width].to(device).float())
+
+
 def sequence_logits(model: Any, batch: RolloutBatch, rows: Sequence[int] | slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Next-token logits of the given rows under ``model``, their sampled-token log-probs, and the loss mask.
 
     Returns ``(logits [b, T-1, V], logp [b, T-1], mask [b, T-1])``: position t holds the distribution of
-    ids[t+1] given ids[:t+1], and the mask is 1 exactly where ids[t+1] is an agent-generated token. The
-    shift lives here, once, because getting it wrong by one token is the classic silent bug of token-level
-    losses. ``T`` is the longest real sequence of these rows (all-padding columns are dropped).
+    ids[t+1] given ids[:t+1] (coordinates of :func:`micro_batch`).
     """
     from agentgym_opd.losses import token_logprobs
 
-    device = next(model.parameters()).device
-    ids = batch.input_ids[rows].to(device)
-    attention = batch.attention_mask[rows].to(device)
-    width = int(attention.sum(dim=1).max())  # drop all-padding columns of this micro-batch
-    ids, attention = ids[:, :width], attention[:, :width]
+    ids, attention, mask = micro_batch(model, batch, rows)
     logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()[:, :-1]
-    logp = token_logprobs(logits, ids[:, 1:])
-    mask = batch.loss_mask[rows][:, 1:width].to(device).float()
-    return logits, logp, mask
+    return logits, token_logprobs(logits, ids[:, 1:]), mask
 
 
 def sequence_logprobs(model: Any, batch: RolloutBatch, rows: Sequence[int] | slice) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logp [b, T-1], mask [b, T-1])`` of :func:`sequence_logits`, for losses that need no full vocabulary:
     computed a chunk of positions at a time (:func:`token_logprobs_of`), never as ``[b, T, V]``."""
-    device = next(model.parameters()).device
-    attention = batch.attention_mask[rows]
-    width = int(attention.sum(dim=1).max())  # drop all-padding columns of this micro-batch
-    ids = batch.input_ids[rows][:, :width].to(device)
-    logp = token_logprobs_of(model, ids, attention[:, :width].to(device))
-    return logp, batch.loss_mask[rows][:, 1:width].to(device).float()
+    ids, attention, mask = micro_batch(model, batch, rows)
+    return token_logprobs_of(model, ids, attention), mask
 
 
 def token_logprobs_of(model: Any, ids: torch.Tensor, attention: torch.Tensor, chunk: int | None = None) -> torch.Tensor:

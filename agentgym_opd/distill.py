@@ -27,7 +27,8 @@ from typing import Any, Sequence
 
 import torch
 
-from agentgym_opd.algorithm import Algorithm, BatchState, LossTerm, Step, agent_mask, sequence_logits, weighted_sum
+from agentgym_opd.algorithm import (Algorithm, BatchState, LossTerm, Step, agent_mask, micro_batch, sequence_logits,
+                                    weighted_sum)
 from agentgym_opd.config import constrained
 from agentgym_opd.losses import (TopM, aggregate_token_loss, full_vocab_divergence, sampled_token_surrogate,
                                  token_logprobs, topm_distillation, topm_divergence)
@@ -498,10 +499,8 @@ class DistillationAlgorithm(Algorithm):
                                  "the student's forward must take `logits_to_keep` (any recent Transformers "
                                  "causal LM does), or use model.teacher_backend=hf")
             return None
-        device = next(self.model.parameters()).device
-        attention = batch.attention_mask[rows]
-        width = int(attention.sum(dim=1).max())
-        ids, attention = batch.input_ids[rows][:, :width].to(device), attention[:, :width].to(device)
+        ids, attention, mask = micro_batch(self.model, batch, rows)
+        width = ids.shape[1]
         with phase("teacher"):
             inputs = self.teacher_view(batch, rows, state)
             teacher = self.teacher_hidden(inputs, width)
@@ -509,8 +508,7 @@ class DistillationAlgorithm(Algorithm):
             if scorer is not None:
                 logp, topm = aligned_teacher_scores(scorer, inputs, width,
                                                     self.config.top_m if self.config.estimator != "sampled" else 0)
-        keep = self.kept_rows(state)[rows].to(device)
-        mask = batch.loss_mask[rows][:, 1:width].to(device).float() * keep[:, None]
+        mask = mask * self.kept_rows(state)[rows].to(mask.device)[:, None]
         if teacher is not None:
             return chunked_distillation_terms(self.model, ids, attention, mask, teacher, self.config)
         if scorer is None:

@@ -16,6 +16,7 @@ from typing import Any, Iterator, Literal, Sequence
 
 import torch
 
+from agentgym_opd.distributed import is_fsdp, unwrap_model
 from agentgym_opd.policy.base import Generation, SamplingParams, TokenScores, tail_logprob
 from agentgym_opd.policy.chat import end_of_turn_token_ids, prompt_ids
 from agentgym_opd.policy.kv_cache import slab_cache
@@ -229,25 +230,14 @@ vocabulary, 2,774 of the tiny model's. Small enough that a chunk never dominates
 enough that each chunk is one efficient matrix product."""
 
 
-def bare_model(model: Any) -> Any:
-    """The module under a DDP wrapper (FSDP2 shards in place: its module is the model itself)."""
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-
-
 def is_wrapped(model: Any) -> bool:
     """Whether ``model`` is a DDP or FSDP2 wrapper, whose own ``forward`` arms gradient sync or gathers shards."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return True
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a torch without FSDP2
-        return False
-    return isinstance(model, FSDPModule)
+    return isinstance(model, torch.nn.parallel.DistributedDataParallel) or is_fsdp(model)
 
 
 def output_head(model: Any) -> Any:
     """The model's ``lm_head`` (through a DDP wrapper)."""
-    return bare_model(model).get_output_embeddings()
+    return unwrap_model(model).get_output_embeddings()
 
 
 def can_chunk(model: Any) -> bool:
@@ -255,7 +245,7 @@ def can_chunk(model: Any) -> bool:
     or a wrapped one whose forward takes ``logits_to_keep`` (then the wrapper's own forward runs)."""
     import inspect
 
-    bare = bare_model(model)
+    bare = unwrap_model(model)
     if getattr(bare, "get_output_embeddings", lambda: None)() is None:
         return False
     if not is_wrapped(model):
@@ -288,7 +278,7 @@ def output_logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
     """float32 logits from final hidden states, as the model's own forward computes them (``lm_head``,
     then the output scaling or soft-capping some architectures apply)."""
     logits = output_head(model)(hidden).float()
-    config = getattr(bare_model(model), "config", None)
+    config = getattr(unwrap_model(model), "config", None)
     scaling = getattr(config, "logits_scaling", None)
     if scaling:
         logits = logits / scaling

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import torch
 
-from agentgym_opd.algorithm import LossTerm, Step, fit_width, weighted_sum
+from agentgym_opd.algorithm import LossTerm, Step, fit_width, micro_batch, weighted_sum
 from agentgym_opd.config import constrained
 from agentgym_opd.distill import (DistillConfig, DistillState, DistillationAlgorithm, TeacherInputs,
                                   aligned_teacher_hidden, aligned_teacher_logits, reverse_kl_per_token, with_context)
@@ -242,12 +242,9 @@ class LOPD(DistillationAlgorithm):
     def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: LOPDState,
                      step: Step) -> tuple[torch.Tensor, dict[str, float]]:
         c = self.config
-        device = next(self.model.parameters()).device
-        attention = batch.attention_mask[rows]
-        width = int(attention.sum(dim=1).max())
-        ids, attention = batch.input_ids[rows][:, :width].to(device), attention[:, :width].to(device)
-        targets = ids[:, 1:]
-        mask = batch.loss_mask[rows][:, 1:width].to(device).float() * self.kept_rows(state)[rows].to(device)[:, None]
+        ids, attention, mask = micro_batch(self.model, batch, rows)
+        width, targets = ids.shape[1], ids[:, 1:]
+        mask = mask * self.kept_rows(state)[rows].to(mask.device)[:, None]
         if c.context == "latent":
             context = [self.composer.context(batch.episodes[r].task.instruction, [e.as_text() for e in state.found[r]])
                        if state.found[r] else None for r in range(rows.start, rows.stop)]
