@@ -1025,7 +1025,13 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
                "workers": workers,
                "leaderboard": str(board), "leaderboard_error": board_error,
                "wall_time_s": round(wall, 1), "estimated_wall_time_s": round(estimate, 1)}
+    from evaluation.claims import check_claims, format_claims
+
+    held_out = env_ids[-1]  # the unseen split when the bench evaluates several
+    summary["claims"] = check_claims(summary, records, env_id=held_out)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / "claims.md").write_text(f"The papers' claims on {held_out}\n\n" + format_claims(summary["claims"]) + "\n",
+                                   encoding="utf-8")
     order = ["warm_start", *(["warm_start+context"] if base else []), *(["teacher"] if teacher_path else []), *algos]
     summary["table"] = format_table(summary_rows, failures, env_ids, order, intervals=cells)
     if any(c["baseline"] in ("opd", "warm_start") for c in comparisons):
