@@ -56,6 +56,7 @@ class BaseModelSpec:
     train_tasks: int = 2000
     context_share: float = 0.35
     max_turns: int = 40
+    status_line: bool = True  # the household env's status line (task + what is carried) after every step
     seed: int = 0
     version: int = BUILD_VERSION
 
@@ -66,6 +67,11 @@ class BaseModelSpec:
 # The bench's pair: the teacher is wider, deeper and trained longer than the student.
 STUDENT_SPEC = BaseModelSpec("student", hidden=64, layers=2, heads=4, steps=300)
 TEACHER_SPEC = BaseModelSpec("teacher", hidden=128, layers=3, heads=4, steps=600)
+
+
+def base_env_args(spec: BaseModelSpec) -> dict[str, Any]:
+    """The household env options a base model was trained with (its rollouts and evaluations must use them)."""
+    return {"status_line": True} if spec.status_line else {}
 
 
 def base_model_dir(spec: BaseModelSpec) -> Path:
@@ -171,8 +177,8 @@ def training_examples(policy: Any, spec: BaseModelSpec) -> list[tuple[list[int],
     from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
     from agentgym_opd.policy.scripted import ScriptAgent, ScriptedPolicy
 
-    env = make(TRAIN_ENV, num_tasks=spec.train_tasks, max_turns=spec.max_turns)
-    scratch = make(TRAIN_ENV, num_tasks=spec.train_tasks, max_turns=spec.max_turns)
+    env = make(TRAIN_ENV, **base_env_args(spec), num_tasks=spec.train_tasks, max_turns=spec.max_turns)
+    scratch = make(TRAIN_ENV, **base_env_args(spec), num_tasks=spec.train_tasks, max_turns=spec.max_turns)
     rng = random.Random(f"base-model-data/{spec.seed}")
     examples = []
     for task_id in env.task_ids():

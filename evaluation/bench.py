@@ -163,8 +163,16 @@ class BenchSettings:
 
     def resolved_env_args(self) -> dict[str, Any]:
         if self.env_args is not None:
-            return dict(self.env_args)
-        return {} if uses_base_models(self) else dict(DEFAULT_ENV_ARGS.get(self.env, {}))
+            return {**self.base_env_args(), **self.env_args}
+        return self.base_env_args() if uses_base_models(self) else dict(DEFAULT_ENV_ARGS.get(self.env, {}))
+
+    def base_env_args(self) -> dict[str, Any]:
+        """The env options the base pair was trained with (its status line), for every env the bench makes."""
+        if not uses_base_models(self):
+            return {}
+        from evaluation.base_models import base_env_args
+
+        return base_env_args(self.base_specs()[0])
 
     @property
     def budget(self) -> int:
@@ -705,7 +713,8 @@ def eval_env_args(env_id: str, settings: BenchSettings) -> dict[str, Any]:
 
         split = env_id.split("/", 1)[1].split("-", 1)[0]
         blocks = max(seed % SEED_BLOCKS for seed in settings.seeds) + 1
-        return {"num_tasks": max(DEFAULT_NUM_TASKS.get(split, 200), settings.eval_episodes * blocks)}
+        return {"num_tasks": max(DEFAULT_NUM_TASKS.get(split, 200), settings.eval_episodes * blocks),
+                **settings.base_env_args()}
     return {}
 
 

@@ -19,7 +19,10 @@ Options: `num_tasks` (defaults: 2000 train, 200 per valid split), `task_types` (
 types; the registered ids `household/<split>-<task_type>` set it to one), `max_turns` (default 40: the
 observable expert needs 16 turns on average and at most 35 on the valid splits (one train task in 2000
 needs 41), the planner's walkthrough under 20),
-`show_admissible` (default False). `data_root` is accepted for interface symmetry with the data-backed
+`show_admissible` (default False), `status_line` (default False: every observation after the first ends with
+the task and what the agent carries, "Your task is to: ... You are carrying: a bowl 2.", facts the agent can
+always ask for with `inventory` or read in the first observation; the bench's household base pair uses it,
+because a small model from scratch cannot yet retrieve the goal from many turns back). `data_root` is accepted for interface symmetry with the data-backed
 families and ignored: this world needs no data.
 """
 
@@ -51,7 +54,7 @@ class HouseholdEnv(TextEnv):
 
     def __init__(self, split: str = "train", *, num_tasks: int | None = None,
                  task_types: tuple[str, ...] | list[str] | str | None = None, max_turns: int = 40,
-                 show_admissible: bool = False, data_root: str | os.PathLike | None = None, **kwargs: Any):
+                 show_admissible: bool = False, status_line: bool = False, data_root: str | os.PathLike | None = None, **kwargs: Any):
         if split not in SPLITS:
             raise ValueError(f"unknown household split {split!r}; expected one of {', '.join(SPLITS)}")
         if isinstance(task_types, str):
@@ -69,6 +72,7 @@ class HouseholdEnv(TextEnv):
         super().__init__(split, max_turns=max_turns, **kwargs)
         self.num_tasks = num_tasks
         self.show_admissible = bool(show_admissible)
+        self.status_line = bool(status_line)
         self.task_types = task_types
         self._draws = {d.task_id: d for d in (GoalDraw(split, i) for i in task_indices(num_tasks, task_types))}
         self._ids = list(self._draws)
@@ -121,6 +125,14 @@ class HouseholdEnv(TextEnv):
         first = f"{WELCOME}\n\n{self.world.look()}\n\nYour task is to: {task.instruction}\n\n{COMMAND_HELP}"
         return self._with_admissible(first)
 
+    def _with_status(self, observation: str) -> str:
+        """The observation of a step, with the status line where it is switched on."""
+        if not self.status_line:
+            return observation
+        held = self.world.held
+        carrying = "You are not carrying anything." if held < 0 else f"You are carrying: {self.world.o_article[held]}."
+        return f"{observation}\nYour task is to: {self.task.instruction} {carrying}"
+
     def _with_admissible(self, observation: str) -> str:
         if not self.show_admissible:
             return observation
@@ -137,8 +149,8 @@ class HouseholdEnv(TextEnv):
                 message = (f"{reason[0].upper()}{reason[1:]}. The admissible_actions list the valid commands "
                            "in this state.")
                 observation = fit_to_charset(f"Nothing happens. {message}")  # the message quotes the agent
-                return StepOutcome(observation, error=StepError("invalid_action", message))
-        observation = self._with_admissible(world.execute(cmd))
+                return StepOutcome(self._with_status(observation), error=StepError("invalid_action", message))
+        observation = self._with_admissible(self._with_status(world.execute(cmd)))
         success = self.checker.check()[0]
         return StepOutcome(observation, 1.0 if success else 0.0, success)
 

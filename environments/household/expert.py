@@ -4,9 +4,11 @@ The planner's walkthrough (`privileged["walkthrough"]`) walks straight to where 
 no agent can observe: a model cloned on it memorises rooms and cannot generalise to new ones. This expert
 acts as a careful person would, from the observations alone:
 
-1. Search: visit the receptacles in the order the first observation lists them (skipping the target, where
-   no task places the object it must be brought to, and anywhere already seen), opening closed ones, until
-   a wanted object is seen; take it there.
+1. Search: from the first receptacle the first observation lists, always go to the neighbour the last
+   observation named (opening closed receptacles), until a wanted object is seen that is not already at
+   the target; take it there. The target is visited like any other place: skipping it would need the
+   receptacle after the neighbour, which no single observation names, and a small model learns a search
+   whose every step reads the latest observation far more easily.
 2. Treat it if the goal asks (`heat`/`cool`/`clean` it with the first microwave/fridge/sink basin).
 3. Bring it to the target (opening it if closed) and put it there; for two objects, search on (first going
    back to any place where a second one was already seen). For a look-in-light goal: holding the object,
@@ -67,15 +69,15 @@ def _solve(a: _Actor) -> list[str]:
     w, checker = a.world, a.checker
     goal_objs, lamps, target = set(checker.objs), set(checker.lamps), checker.target
 
-    def search(wanted: set[int], start: int, *, skip_target: bool = True) -> tuple[int, int]:
-        """Walk the ring from `start` (opening closed receptacles) until a wanted object is in view."""
+    def search(wanted: set[int], start: int) -> tuple[int, int]:
+        """Walk the ring from `start` (opening closed receptacles) until a wanted object is in view (one already
+        put at the target does not count)."""
         cursor = start
         for _ in range(2 * len(w.r_names)):
-            if not (skip_target and cursor == target):
-                a.go_and_look(cursor)
-                hit = next((o for o in w.contents[cursor] if o in wanted), None)
-                if hit is not None:
-                    return hit, cursor
+            a.go_and_look(cursor)
+            hit = next((o for o in w.contents[cursor] if o in wanted and cursor != target), None)
+            if hit is not None:
+                return hit, cursor
             cursor = w.neighbour(cursor)
         raise RuntimeError(f"observable expert walked the whole room without finding {checker.goal}")
 
@@ -84,7 +86,7 @@ def _solve(a: _Actor) -> list[str]:
         a.do((TAKE, obj, at))
         lamp = next((o for o in w.contents[at] if o in lamps), None)
         if lamp is None:
-            lamp, at = search(lamps, w.neighbour(at), skip_target=False)
+            lamp, at = search(lamps, w.neighbour(at))
         a.do((USE, lamp, -1))
         return a.texts
 
