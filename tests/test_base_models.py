@@ -62,3 +62,53 @@ def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     lines.clear()
     assert ensure_base_model(MINI, progress=False, log=lines.append) == first and not lines  # cached: no rebuild
     assert (first.parent / "spec.json").is_file() and MINI.key() in first.parent.name
+
+
+def test_unpadded_rows_give_the_padded_batch_gradient(tmp_path):
+    """The build backpropagates one unpadded row at a time (attention's fused kernel needs no mask); the gradient
+    must be the padded batch's token-mean cross-entropy gradient, the textbook SFT step."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from evaluation.base_models import accumulate_batch_gradient
+
+    out = build_base_model(dataclasses.replace(MINI, steps=0), tmp_path / "m", progress=False)
+    rows = [([5, 9, 12, 7, 30, 31], [0, 0, 0, 1, 1, 1]), ([5, 9, 40, 41, 42, 8, 9, 10, 11], [0, 0, 0, 0, 1, 1, 0, 1, 1])]
+    ours = AutoModelForCausalLM.from_pretrained(out)
+    our_loss = accumulate_batch_gradient(ours, rows)
+
+    ref = AutoModelForCausalLM.from_pretrained(out)
+    width = max(len(r[0]) for r in rows)
+    ids = torch.zeros((2, width), dtype=torch.long)
+    attn = torch.zeros((2, width), dtype=torch.long)
+    mask = torch.zeros((2, width))
+    for i, (seq, m) in enumerate(rows):
+        ids[i, :len(seq)], attn[i, :len(seq)], mask[i, :len(m)] = torch.tensor(seq), 1, torch.tensor(m, dtype=torch.float)
+    logits = ref(input_ids=ids, attention_mask=attn).logits[:, :-1]
+    where = mask[:, 1:] > 0
+    loss = torch.nn.functional.cross_entropy(logits[where], ids[:, 1:][where])
+    loss.backward()
+    assert our_loss == pytest.approx(float(loss), abs=1e-6)
+    for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-7), (name, (a.grad - b.grad).abs().max())
+
+
+def test_probe_sorts_every_expert_action_into_one_decision_kind(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from evaluation.base_model_probe import decision_kind, format_probe, probe
+
+    assert decision_kind("go to cabinet 2", 3, "You arrive at x. Next to it, you see the cabinet 2.", "g") == "go_neighbour"
+    assert decision_kind("go to drawer 1", 5, "You pick up the cup 1.", "put some cup in drawer 1") == "go_target"
+    assert decision_kind("go to fridge 1", 5, "You pick up the cup 1.", "cool some cup and put it in drawer 1") \
+        == "go_appliance"
+    assert decision_kind("take cup 1 from drawer 2", 5, "", "") == "take"
+    out = build_base_model(MINI, tmp_path / "m", progress=False)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    result = probe(model, tokenizer, split="valid_seen", tasks=6)
+    env = make("household/valid_seen", num_tasks=6)
+    n_actions = sum(len(env.get_task(t).privileged["demonstration"]) for t in env.task_ids())
+    assert result["all"]["n"] == n_actions == sum(v["n"] for k, v in result.items() if k != "all")
+    assert {"go_first", "take", "put"} <= set(result) and result["go_first"]["n"] == 6
+    assert all(0.0 <= v["accuracy"] <= 1.0 for v in result.values())
+    assert format_probe(result).count("\n") == len(result) + 1
