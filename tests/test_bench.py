@@ -165,3 +165,21 @@ def test_base_pair_rows_context_row_intervals_and_paired_tables(base_run):
                 and p["env_id"] == "household/valid_unseen")["n"] == 6  # (seed, task) pairs
     assert "minus opd" in proc.stdout and "minus warm_start" in proc.stdout
     assert "base models ready in" in proc.stderr and "building base model student" in proc.stderr
+    # the papers' claims table is written beside the summary (its rows say "missing" for methods not run)
+    assert {c["verdict"] for c in summary["claims"]} == {"missing"}
+    assert (tmp_path / "out/claims.md").read_text().startswith("The papers' claims on household/valid_unseen")
+
+
+def test_the_base_pair_path_plays_every_env_with_the_status_line_it_was_trained_with():
+    from evaluation.base_models import STUDENT_SPEC, base_env_args
+    from evaluation.bench import BenchSettings, eval_env_args
+
+    assert base_env_args(STUDENT_SPEC) == {"status_line": True}
+    base = BenchSettings.full(base_models="auto")
+    assert base.resolved_env_args() == {"status_line": True}
+    assert BenchSettings.full(base_models="auto", env_args={"num_tasks": 50}).resolved_env_args() == \
+        {"status_line": True, "num_tasks": 50}
+    for split in ("valid_seen", "valid_unseen"):
+        assert eval_env_args(f"household/{split}", base)["status_line"] is True
+    old = BenchSettings.full(base_models="off")
+    assert "status_line" not in old.resolved_env_args() and "status_line" not in eval_env_args("household/valid_unseen", old)
