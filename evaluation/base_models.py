@@ -65,8 +65,8 @@ class BaseModelSpec:
 
 
 # The bench's pair: the teacher is wider, deeper and trained longer than the student.
-STUDENT_SPEC = BaseModelSpec("student", hidden=64, layers=2, heads=4, steps=300)
-TEACHER_SPEC = BaseModelSpec("teacher", hidden=128, layers=3, heads=4, steps=600)
+STUDENT_SPEC = BaseModelSpec("student", hidden=64, layers=2, heads=4, steps=600)
+TEACHER_SPEC = BaseModelSpec("teacher", hidden=128, layers=2, heads=4, steps=1500)
 
 
 def base_env_args(spec: BaseModelSpec) -> dict[str, Any]:

@@ -76,10 +76,11 @@ UNSEEN_NAMES = ("valid_unseen", "unseen", "test")
 SECONDS_PER_EXPERT_EPISODE = 0.12
 SECONDS_PER_ROLLOUT_EPISODE = 0.9
 SECONDS_PER_EVAL_EPISODE = 0.45
-# the household base pair (30-turn episodes, histories of ~1000 tokens; CPU seconds of one process, measured
-# on the build machine with the rollout engine of 2026-12-03, before KV reuse across turns; the rollout figure
-# is an estimate: eval cost plus the update)
-SECONDS_PER_EVAL_EPISODE_BASE = 2.8
+# the household base pair (30-turn episodes with the status line, histories of ~1400 tokens; CPU seconds of one
+# process): evaluation measured 2026-12-04 with the KV-cached engine (100 valid_unseen episodes of the base
+# student in 45-50 s, one torch thread, beside another job); the rollout figure is an estimate (small training
+# batches use the engine less well, plus the update)
+SECONDS_PER_EVAL_EPISODE_BASE = 0.5
 SECONDS_PER_ROLLOUT_EPISODE_BASE = 4.0  # not measured: the eval cost plus ~1 s of update
 
 
@@ -124,7 +125,7 @@ class BenchSettings:
     # on the observable expert's demonstrations of the whole train split) and the teacher its larger sibling;
     # "off" keeps the older path (an SFT warm start and teacher trained by the bench itself). Default "off"
     # until the base pair meets its targets: as measured (README "Results") the base student learns no
-    # held-out task yet, and the base path's evaluation costs hours on 2 cores.
+    # held-out task yet.
     base_models: str = "off"
     base_steps: int | None = None  # None: the specs' own (STUDENT_SPEC / TEACHER_SPEC); N: student N, teacher 3N
     base_train_tasks: int | None = None  # None: the specs' own (the whole train split)
