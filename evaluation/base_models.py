@@ -57,6 +57,7 @@ class BaseModelSpec:
     context_share: float = 0.35
     max_turns: int = 40
     status_line: bool = True  # the household env's status line (task + what is carried) after every step
+    decision_weight: float = 1.0  # loss weight of each action's first token, where go/open/take/put is chosen
     seed: int = 0
     version: int = BUILD_VERSION
 
@@ -65,8 +66,8 @@ class BaseModelSpec:
 
 
 # The bench's pair: the teacher is wider, deeper and trained longer than the student.
-STUDENT_SPEC = BaseModelSpec("student", hidden=64, layers=2, heads=4, steps=600)
-TEACHER_SPEC = BaseModelSpec("teacher", hidden=128, layers=2, heads=4, steps=1500)
+STUDENT_SPEC = BaseModelSpec("student", hidden=64, layers=2, heads=4, steps=600, decision_weight=8.0)
+TEACHER_SPEC = BaseModelSpec("teacher", hidden=128, layers=2, heads=4, steps=1500, decision_weight=8.0)
 
 
 def base_env_args(spec: BaseModelSpec) -> dict[str, Any]:
@@ -212,8 +213,20 @@ def learning_rate(step: int, spec: BaseModelSpec) -> float:
     return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def accumulate_batch_gradient(model: Any, rows: list[tuple[list[int], list[int]]]) -> float:
-    """Backpropagate the batch's token-mean cross-entropy on its agent tokens; returns the loss.
+def token_weights(loss_mask: list[int], decision_weight: float) -> list[float]:
+    """Per-token loss weights: 1 on agent tokens, ``decision_weight`` on the first token of each action (the
+    decision: most of an action is copied from the observation, the verb is chosen, and the rare choices
+    such as taking the wanted object are the ones a small model misses), 0 elsewhere."""
+    weights = [float(m) for m in loss_mask]
+    for i, m in enumerate(loss_mask):
+        if m and (i == 0 or not loss_mask[i - 1]):
+            weights[i] = decision_weight
+    return weights
+
+
+def accumulate_batch_gradient(model: Any, rows: list[tuple[list[int], list[int]]], decision_weight: float = 1.0) -> float:
+    """Backpropagate the batch's weighted token-mean cross-entropy on its agent tokens (`token_weights`);
+    returns the loss.
 
     One row at a time, unpadded: with no attention mask attention takes its fused causal kernel (about twice
     as fast on CPU as a padded batch), and the rows' gradients add up to the batch mean's. The LM head runs
@@ -221,13 +234,15 @@ def accumulate_batch_gradient(model: Any, rows: list[tuple[list[int], list[int]]
     projection is most of the compute."""
     import torch
 
-    total = sum(sum(m[1:]) for _, m in rows)  # the batch's loss tokens: the mean is over all of them
+    weights = [token_weights(m, decision_weight)[1:] for _, m in rows]
+    total = sum(sum(w) for w in weights)  # the batch's weighted loss tokens: the mean is over all of them
     batch_loss = 0.0
-    for seq, m in rows:
+    for (seq, m), w in zip(rows, weights):
         ids = torch.tensor([seq])
         where = torch.tensor(m[1:], dtype=torch.bool)
         hidden = model.model(input_ids=ids).last_hidden_state[0, :-1]
-        loss = torch.nn.functional.cross_entropy(model.lm_head(hidden[where]), ids[0, 1:][where], reduction="sum") / total
+        per_token = torch.nn.functional.cross_entropy(model.lm_head(hidden[where]), ids[0, 1:][where], reduction="none")
+        loss = (per_token * torch.tensor(w)[where]).sum() / total
         loss.backward()
         batch_loss += float(loss.detach())
     return batch_loss
@@ -255,7 +270,7 @@ def train_on_examples(model: Any, examples: list[tuple[list[int], list[int]]], s
         for group in optimiser.param_groups:
             group["lr"] = learning_rate(step, spec)
         optimiser.zero_grad(set_to_none=True)
-        step_loss = accumulate_batch_gradient(model, rows)
+        step_loss = accumulate_batch_gradient(model, rows, spec.decision_weight)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimiser.step()
         losses.append(step_loss)

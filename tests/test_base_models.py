@@ -66,7 +66,7 @@ def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
 
 def test_unpadded_rows_give_the_padded_batch_gradient(tmp_path):
     """The build backpropagates one unpadded row at a time (attention's fused kernel needs no mask); the gradient
-    must be the padded batch's token-mean cross-entropy gradient, the textbook SFT step."""
+    must be the padded batch's weighted token-mean cross-entropy gradient (the decision token weighted)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -75,7 +75,7 @@ def test_unpadded_rows_give_the_padded_batch_gradient(tmp_path):
     out = build_base_model(dataclasses.replace(MINI, steps=0), tmp_path / "m", progress=False)
     rows = [([5, 9, 12, 7, 30, 31], [0, 0, 0, 1, 1, 1]), ([5, 9, 40, 41, 42, 8, 9, 10, 11], [0, 0, 0, 0, 1, 1, 0, 1, 1])]
     ours = AutoModelForCausalLM.from_pretrained(out)
-    our_loss = accumulate_batch_gradient(ours, rows)
+    our_loss = accumulate_batch_gradient(ours, rows, decision_weight=3.0)
 
     ref = AutoModelForCausalLM.from_pretrained(out)
     width = max(len(r[0]) for r in rows)
@@ -86,11 +86,23 @@ def test_unpadded_rows_give_the_padded_batch_gradient(tmp_path):
         ids[i, :len(seq)], attn[i, :len(seq)], mask[i, :len(m)] = torch.tensor(seq), 1, torch.tensor(m, dtype=torch.float)
     logits = ref(input_ids=ids, attention_mask=attn).logits[:, :-1]
     where = mask[:, 1:] > 0
-    loss = torch.nn.functional.cross_entropy(logits[where], ids[:, 1:][where])
+    # the first token of each action weighs 3 (row 0: position 3; row 1: positions 4 and 7), the others 1
+    weight = torch.zeros((2, width))
+    weight[0, 3:6], weight[1, 4:6], weight[1, 7:9] = 1.0, 1.0, 1.0
+    weight[0, 3] = weight[1, 4] = weight[1, 7] = 3.0
+    per_token = torch.nn.functional.cross_entropy(logits[where], ids[:, 1:][where], reduction="none")
+    loss = (per_token * weight[:, 1:][where]).sum() / weight.sum()
     loss.backward()
     assert our_loss == pytest.approx(float(loss), abs=1e-6)
     for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
         assert torch.allclose(a.grad, b.grad, atol=1e-7), (name, (a.grad - b.grad).abs().max())
+
+
+def test_token_weights_mark_each_actions_first_token():
+    from evaluation.base_models import token_weights
+
+    assert token_weights([0, 1, 1, 0, 0, 1, 1, 1], 5.0) == [0, 5.0, 1, 0, 0, 5.0, 1, 1]
+    assert token_weights([1, 1, 0], 1.0) == [1, 1, 0]
 
 
 def test_probe_sorts_every_expert_action_into_one_decision_kind(tmp_path):
