@@ -66,7 +66,7 @@ class BaseModelSpec:
 
 
 # The bench's pair: the teacher is wider, deeper and trained longer than the student.
-STUDENT_SPEC = BaseModelSpec("student", hidden=64, layers=2, heads=4, steps=600, decision_weight=8.0)
+STUDENT_SPEC = BaseModelSpec("student", hidden=64, layers=2, heads=4, steps=600)
 TEACHER_SPEC = BaseModelSpec("teacher", hidden=128, layers=2, heads=4, steps=1500, decision_weight=8.0)
 
 
