@@ -129,9 +129,7 @@ class HouseholdEnv(TextEnv):
         """The observation of a step, with the status line where it is switched on."""
         if not self.status_line:
             return observation
-        held = self.world.held
-        carrying = "You are not carrying anything." if held < 0 else f"You are carrying: {self.world.o_article[held]}."
-        return f"{observation}\nYour task is to: {self.task.instruction} {carrying}"
+        return f"{observation}\nYour task is to: {self.task.instruction} {self.world.inventory()}"
 
     def _with_admissible(self, observation: str) -> str:
         if not self.show_admissible:

@@ -210,8 +210,7 @@ class World:
         if op == EXAMINE_O:
             return self.describe_object(a)
         if op == INVENTORY:
-            held = self.held
-            return "You are not carrying anything." if held < 0 else f"You are carrying: {self.o_article[held]}."
+            return self.inventory()
         return self.look()
 
     # ------------------------------------------------------------------ descriptions
@@ -231,6 +230,10 @@ class World:
         if not words:
             return f"There's nothing special about {self.o_names[oid]}."
         return f"The {self.o_names[oid]} is {' and '.join(words)}."
+
+    def inventory(self) -> str:
+        held = self.held
+        return "You are not carrying anything." if held < 0 else f"You are carrying: {self.o_article[held]}."
 
     def look(self) -> str:
         if self.loc < 0:
