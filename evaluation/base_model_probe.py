@@ -40,21 +40,6 @@ def decision_kind(action: str, index: int, last_observation: str, goal: str) -> 
     return "go_other"
 
 
-def action_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
-    """[start, end) of each run of agent tokens (one action and its end-of-turn token)."""
-    spans, i = [], 0
-    while i < len(loss_mask):
-        if loss_mask[i]:
-            j = i
-            while j < len(loss_mask) and loss_mask[j]:
-                j += 1
-            spans.append((i, j))
-            i = j
-        else:
-            i += 1
-    return spans
-
-
 def probe(model: Any, tokenizer: Any, *, split: str = "valid_unseen", tasks: int = 60,
           env_args: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
     """Per decision kind: {"n": actions, "accuracy": share the model predicts exactly}; "all" pools them."""
@@ -64,6 +49,7 @@ def probe(model: Any, tokenizer: Any, *, split: str = "valid_unseen", tasks: int
 
     from agentgym_opd.policy.hf import HFPolicy
     from evaluation import base_models
+    from evaluation.base_models import action_spans
 
     spec = dataclasses.replace(base_models.STUDENT_SPEC, train_tasks=tasks, context_share=0.0)
     if env_args is not None:

@@ -213,14 +213,28 @@ def learning_rate(step: int, spec: BaseModelSpec) -> float:
     return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
 
 
+def action_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of agent tokens (one action and its end-of-turn token)."""
+    spans, i = [], 0
+    while i < len(loss_mask):
+        if loss_mask[i]:
+            j = i
+            while j < len(loss_mask) and loss_mask[j]:
+                j += 1
+            spans.append((i, j))
+            i = j
+        else:
+            i += 1
+    return spans
+
+
 def token_weights(loss_mask: list[int], decision_weight: float) -> list[float]:
     """Per-token loss weights: 1 on agent tokens, ``decision_weight`` on the first token of each action (the
     decision: most of an action is copied from the observation, the verb is chosen, and the rare choices
     such as taking the wanted object are the ones a small model misses), 0 elsewhere."""
     weights = [float(m) for m in loss_mask]
-    for i, m in enumerate(loss_mask):
-        if m and (i == 0 or not loss_mask[i - 1]):
-            weights[i] = decision_weight
+    for start, _ in action_spans(loss_mask):
+        weights[start] = decision_weight
     return weights
 
 
