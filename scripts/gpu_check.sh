@@ -17,15 +17,17 @@ PY=${PYTHON:-python3}
 WHEELS=${GPU_CHECK_WHEELS:-.gpu_check_wheels}
 VENV=${GPU_CHECK_VENV:-/tmp/agentgym-opd-gpu-check-venv}
 # pure-Python (py3-none-any) pins of the project and what they need beyond a torch + transformers stack;
-# psutil (accelerate, peft) is an abi3 wheel that fits any CPython >= 3.6 on x86-64 Linux
+# psutil (accelerate, peft) and faiss-cpu (LOPD's experience bank) are abi3 wheels that fit any CPython
+# >= 3.10 on x86-64 Linux
 PURE="gymnasium==1.4.0 cloudpickle==3.1.1 farama-notifications==0.0.4 peft==0.21.2 accelerate==1.16.0 gguf==0.19.0
       tqdm==4.67.1 setuptools==80.9.0"
-ABI3="psutil==7.0.0"
+ABI3="psutil==7.0.0 faiss-cpu==1.15.1"
 
 if [ "${1:-}" = "--prepare" ]; then
   rm -rf "$WHEELS" && mkdir -p "$WHEELS"
   $PY -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS" $PURE
-  $PY -m pip download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64 -d "$WHEELS" $ABI3
+  $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux2014_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 -d "$WHEELS" $ABI3
   du -sh "$WHEELS" && ls "$WHEELS"
   exit 0
 fi
@@ -44,6 +46,10 @@ else  # a Python without ensurepip (Debian's python3 without python3-venv): the 
   $PY -m venv --without-pip --system-site-packages "$VENV"
   PIP=($PY -m pip --python "$VENV/bin/python")
 fi
+# a python3 that is itself a venv (the GPU image's /opt/torch/.venv): --system-site-packages reaches only the
+# base interpreter's packages, so a .pth file adds the parent venv's (after the venv's own: carried wheels win)
+$PY -c "import site, sys; print('\n'.join(site.getsitepackages()) if sys.prefix != sys.base_prefix else '')" \
+  > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_parent_venv.pth"
 "${PIP[@]}" install -q --no-index --no-deps --find-links "$WHEELS" "$WHEELS"/*.whl
 # the project, --no-deps and offline; setuptools comes from the carried wheels (no build isolation needed)
 "${PIP[@]}" install -q --no-index --no-deps --no-build-isolation -e .
