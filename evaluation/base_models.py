@@ -57,6 +57,7 @@ class BaseModelSpec:
     context_share: float = 0.35
     max_turns: int = 40
     status_line: bool = True  # the household env's status line (task + what is carried) after every step
+    goal_in_view: bool = True  # the status line also names the wanted object (or lamp) in view (needs status_line)
     decision_weight: float = 1.0  # loss weight of each action's first token, where go/open/take/put is chosen
     seed: int = 0
     version: int = BUILD_VERSION
@@ -72,7 +73,10 @@ TEACHER_SPEC = BaseModelSpec("teacher", hidden=128, layers=2, heads=4, steps=150
 
 def base_env_args(spec: BaseModelSpec) -> dict[str, Any]:
     """The household env options a base model was trained with (its rollouts and evaluations must use them)."""
-    return {"status_line": True} if spec.status_line else {}
+    args: dict[str, Any] = {"status_line": True} if spec.status_line else {}
+    if spec.status_line and spec.goal_in_view:
+        args["goal_in_view"] = True
+    return args
 
 
 def base_model_dir(spec: BaseModelSpec) -> Path:

@@ -456,3 +456,28 @@ def test_status_line_restates_the_task_and_what_is_carried_after_every_step():
     plain = HouseholdEnv("valid_unseen")
     plain.reset(options={"task_id": env.task_ids()[3]})
     assert "Your task is to" not in plain.step(task.privileged["demonstration"][0])[0]
+
+
+def test_goal_in_view_names_exactly_what_the_observable_expert_takes_or_uses_next():
+    """'Wanted here: X.' appears after an observation exactly when the expert's next action takes or uses X, on
+    every task type: it flags what is in view and never says where anything else is."""
+    with pytest.raises(ValueError, match="status_line=True"):
+        HouseholdEnv("train", goal_in_view=True)
+    hints = 0
+    for split in ("train", "valid_unseen"):
+        env = HouseholdEnv(split, status_line=True, goal_in_view=True, num_tasks=60)
+        for task_id in env.task_ids():
+            obs, info = env.reset(options={"task_id": task_id})
+            demo = info["task"].privileged["demonstration"]
+            for k, action in enumerate(demo):
+                if k > 0:
+                    wanted = obs.rsplit(" Wanted here: ", 1)[1].rstrip(".") if " Wanted here: " in obs else None
+                    verb = action.split(" ", 1)[0]
+                    if verb in ("take", "use"):
+                        assert wanted == action.split(" ")[1] + " " + action.split(" ")[2], (task_id, action, obs)
+                        hints += 1
+                    else:
+                        assert wanted is None, (task_id, action, obs)
+                obs, _, _, _, info = env.step(action)
+            assert info["success"], task_id
+    assert hints >= 120  # every task takes (and some use a lamp): the check covered them all

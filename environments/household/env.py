@@ -22,7 +22,12 @@ needs 41), the planner's walkthrough under 20),
 `show_admissible` (default False), `status_line` (default False: every observation after the first ends with
 the task and what the agent carries, "Your task is to: ... You are carrying: a bowl 2.", facts the agent can
 always ask for with `inventory` or read in the first observation; the bench's household base pair uses it,
-because a small model from scratch cannot yet retrieve the goal from many turns back). `data_root` is accepted for interface symmetry with the data-backed
+because a small model from scratch cannot yet retrieve the goal from many turns back), `goal_in_view`
+(default False; needs `status_line`: the status line then ends "Wanted here: newspaper 3." when the agent sees
+an object its task still needs: a goal object it has not yet placed while its hands are empty, or the lamp
+while it holds the object to look at. It names what is in view, never where anything else is: the search
+stays the agent's. Small models from scratch do not learn to compare the goal's object with a list of
+objects in view, which an instruction-tuned model does without thinking; the base pair uses it too). `data_root` is accepted for interface symmetry with the data-backed
 families and ignored: this world needs no data.
 """
 
@@ -54,7 +59,8 @@ class HouseholdEnv(TextEnv):
 
     def __init__(self, split: str = "train", *, num_tasks: int | None = None,
                  task_types: tuple[str, ...] | list[str] | str | None = None, max_turns: int = 40,
-                 show_admissible: bool = False, status_line: bool = False, data_root: str | os.PathLike | None = None, **kwargs: Any):
+                 show_admissible: bool = False, status_line: bool = False, goal_in_view: bool = False,
+                 data_root: str | os.PathLike | None = None, **kwargs: Any):
         if split not in SPLITS:
             raise ValueError(f"unknown household split {split!r}; expected one of {', '.join(SPLITS)}")
         if isinstance(task_types, str):
@@ -73,6 +79,9 @@ class HouseholdEnv(TextEnv):
         self.num_tasks = num_tasks
         self.show_admissible = bool(show_admissible)
         self.status_line = bool(status_line)
+        self.goal_in_view = bool(goal_in_view)
+        if self.goal_in_view and not self.status_line:
+            raise ValueError("goal_in_view extends the status line: pass status_line=True with it")
         self.task_types = task_types
         self._draws = {d.task_id: d for d in (GoalDraw(split, i) for i in task_indices(num_tasks, task_types))}
         self._ids = list(self._draws)
@@ -129,7 +138,9 @@ class HouseholdEnv(TextEnv):
         """The observation of a step, with the status line where it is switched on."""
         if not self.status_line:
             return observation
-        return f"{observation}\nYour task is to: {self.task.instruction} {self.world.inventory()}"
+        status = f"{observation}\nYour task is to: {self.task.instruction} {self.world.inventory()}"
+        wanted = self.checker.wanted_in_view() if self.goal_in_view else None
+        return status if wanted is None else f"{status} Wanted here: {wanted}."
 
     def _with_admissible(self, observation: str) -> str:
         if not self.show_admissible:

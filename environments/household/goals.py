@@ -87,6 +87,27 @@ class GoalChecker:
             return [any(state[o] & req for o in self.objs), placed >= 1]
         return [placed >= 1]
 
+    def wanted_in_view(self) -> str | None:
+        """The name of the first thing in view that the task still needs, or None: with empty hands, a goal object
+        in the open receptacle the agent stands at (not one already at the target); holding the object to look
+        at, the lamp. The observable expert takes exactly this one."""
+        w = self.world
+        if w.loc < 0 or not w.r_open[w.loc]:
+            return None
+        if self.goal.task_type == "look_at_obj_in_light":
+            if w.held in self.objs:
+                wanted = self.lamps
+            elif w.held < 0:
+                wanted = self.objs
+            else:
+                return None
+        elif w.held < 0 and w.loc != self.target:
+            wanted = self.objs
+        else:
+            return None
+        hit = next((o for o in w.contents[w.loc] if o in wanted), None)
+        return None if hit is None else w.o_names[hit]
+
     def check(self) -> tuple[bool, float]:
         """(success, fraction of goal conditions met), cached per world version."""
         w = self.world
