@@ -124,8 +124,8 @@ class BenchSettings:
     # household + the tiny student: the warm start is the base student of `evaluation.base_models` (trained once
     # on the observable expert's demonstrations of the whole train split) and the teacher its larger sibling;
     # "off" keeps the older path (an SFT warm start and teacher trained by the bench itself). Default "off"
-    # until the base pair meets its targets: as measured (README "Results") the base student learns no
-    # held-out task yet.
+    # until a bench at the base pair's defaults has run within its time target (README "Results": the pair
+    # itself solves held-out tasks, teacher 0.72 and student 0.11 on 100 of valid_unseen).
     base_models: str = "off"
     base_steps: int | None = None  # None: the specs' own (STUDENT_SPEC / TEACHER_SPEC); N: student N, teacher 3N
     base_train_tasks: int | None = None  # None: the specs' own (the whole train split)
