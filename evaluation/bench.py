@@ -121,6 +121,7 @@ class BenchSettings:
     overrides: list[str] = field(default_factory=list)  # key=value for every algorithm run
     algo_overrides: dict[str, list[str]] = field(default_factory=dict)  # per algorithm
     skip_warm_start: bool = False
+    references: bool = True  # evaluate the warm start, warm start + context and teacher rows (a sweep skips them)
     # household + the tiny student: the warm start is the base student of `evaluation.base_models` (trained once
     # on the observable expert's demonstrations of the whole train split) and the teacher its larger sibling;
     # "off" keeps the older path (an SFT warm start and teacher trained by the bench itself). Default "off"
@@ -267,7 +268,7 @@ def estimate_seconds(settings: BenchSettings, algos: list[str], n_eval_envs: int
     per_run_eval = (settings.eval_points * curve + train_tasks + held_out) * per_episode
     per_run_train = settings.budget * (SECONDS_PER_ROLLOUT_EPISODE_BASE if base else SECONDS_PER_ROLLOUT_EPISODE)
     runs = len(algos) * len(settings.seeds)
-    n_references = (2 if base else 1) + teacher
+    n_references = ((2 if base else 1) + teacher) if settings.references else 0
     references = n_references * (train_tasks + held_out * len(settings.seeds)) * per_episode
     return (sft_steps * settings.sft_tasks_per_step * SECONDS_PER_EXPERT_EPISODE
             + (runs * (per_run_train + per_run_eval) + references) / max(workers, 1))
@@ -984,10 +985,12 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
 
     # 2. the reference rows (the warm start and the teacher, evaluated once: greedy has no seed to vary) and
     #    3. every algorithm x seed from the warm start with the same budget: independent jobs, run in parallel
-    jobs = [ReferenceJob("warm_start", student_path, student_label, curve=base)]
+    jobs: list[Any] = [ReferenceJob("warm_start", student_path, student_label, curve=base)]
     if base:  # can the student's own network use privileged context (what every self-teacher relies on)?
         jobs.append(ReferenceJob("warm_start+context", student_path, student_label, context=True))
     jobs += [ReferenceJob("teacher", teacher_path, teacher_label)] if teacher_path else []
+    if not settings.references:
+        jobs = []
     jobs += [RunJob(name, seed, *flags[name]) for name in flags for seed in settings.seeds]
     context = JobContext(settings, env_ids, section, student_path, teacher_path, labels)
     log(f"{len(jobs)} jobs on {min(workers, len(jobs))} worker process(es)")
@@ -1042,7 +1045,8 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (out / "claims.md").write_text(f"The papers' claims on {held_out}\n\n" + format_claims(summary["claims"]) + "\n",
                                    encoding="utf-8")
-    order = ["warm_start", *(["warm_start+context"] if base else []), *(["teacher"] if teacher_path else []), *algos]
+    references = ["warm_start", *(["warm_start+context"] if base else []), *(["teacher"] if teacher_path else [])]
+    order = [*(references if settings.references else []), *algos]
     summary["table"] = format_table(summary_rows, failures, env_ids, order, intervals=cells)
     if any(c["baseline"] in ("opd", "warm_start") for c in comparisons):
         shown = [c for c in comparisons if c["baseline"] in ("opd", "warm_start")]

@@ -40,12 +40,13 @@ MAIN_KNOBS: dict[str, dict[str, tuple]] = {
 SELECTION_SPLIT = "household/valid_seen"
 
 
-def grid(algo: str) -> list[dict[str, object]]:
+def grid(algo: str, lrs: tuple = LEARNING_RATES, temperatures: tuple = TEMPERATURES,
+         knob_values: dict[str, tuple] | None = None) -> list[dict[str, object]]:
     """Every point of an algorithm's grid: {'lr':..., 'temperature':..., '<algo knob>':...}."""
-    knobs = MAIN_KNOBS.get(algo, {})
+    knobs = MAIN_KNOBS.get(algo, {}) if knob_values is None else knob_values
     names = list(knobs)
     points = []
-    for lr, temp, *values in itertools.product(LEARNING_RATES, TEMPERATURES, *[knobs[n] for n in names]):
+    for lr, temp, *values in itertools.product(lrs, temperatures, *[knobs[n] for n in names]):
         points.append({"lr": lr, "temperature": temp, **dict(zip(names, values))})
     return points
 
@@ -56,37 +57,78 @@ def choose(points: list[dict]) -> dict | None:
     return max(scored, key=lambda p: p["valid_seen"]) if scored else None
 
 
-def run_point(algo: str, point: dict, args: argparse.Namespace, out: Path) -> float | None:
-    from evaluation.bench import BenchSettings, mean_success, run_bench
+def point_settings(algo: str, point: dict, args: argparse.Namespace, out: Path):
+    """The bench settings of one sweep point: that algorithm alone, evaluated on valid_seen (and its training
+    tasks) only, without the reference rows (they do not depend on the point)."""
+    from evaluation.bench import BenchSettings
 
     knobs = [f"{k}={v}" for k, v in point.items() if k.startswith("algo.")]
     changes = dict(algos=[algo], seeds=args.seeds, lr=point["lr"], temperature=point["temperature"],
                    algo_overrides={algo: knobs}, eval_envs=[SELECTION_SPLIT], output_dir=str(out),
-                   progress=False)
-    if args.steps:
-        changes["steps"] = args.steps
-    settings = BenchSettings.quick(**changes) if args.quick else BenchSettings(**changes)
-    summary = run_bench(settings)
+                   progress=False, base_models=args.base_models, references=False)
+    for name in ("steps", "episodes_per_step", "eval_episodes"):
+        if getattr(args, name):
+            changes[name] = getattr(args, name)
+    return BenchSettings.quick(**changes) if args.quick else BenchSettings.full(**changes)
+
+
+def run_point(algo: str, point: dict, args: argparse.Namespace, out: Path) -> float | None:
+    from evaluation.bench import mean_success, run_bench
+
+    summary = run_bench(point_settings(algo, point, args, out))
     if summary["failures"]:
         return None
     return mean_success(summary, algo, SELECTION_SPLIT)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_value(text: str) -> object:
+    """A knob value as written on the command line: int, float or the string itself."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--algos", default=",".join(MAIN_KNOBS), help="comma-separated algorithms")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds per point")
     parser.add_argument("--steps", type=int, default=None, help="update steps per run (default: the bench's)")
+    parser.add_argument("--episodes-per-step", type=int, default=None, help="rollout episodes per step (default: the bench's)")
+    parser.add_argument("--eval-episodes", type=int, default=None, help="valid_seen episodes per seed (default: the bench's)")
+    parser.add_argument("--base-models", default="auto", choices=("auto", "off"),
+                        help="start from the household base pair (the bench's --base-models)")
+    parser.add_argument("--lrs", default=None, help=f"comma-separated learning rates (default {LEARNING_RATES})")
+    parser.add_argument("--temperatures", default=None, help=f"comma-separated temperatures (default {TEMPERATURES})")
+    parser.add_argument("--knob", action="append", default=[], metavar="KEY=V1,V2",
+                        help="replace the algorithm's main knob values, e.g. algo.divergence=reverse_kl")
     parser.add_argument("--quick", action="store_true", help="the bench's --quick settings per point (smoke)")
     parser.add_argument("--out", default="runs/sweep")
     args = parser.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",")]
+    args.lrs = tuple(float(v) for v in args.lrs.split(",")) if args.lrs else LEARNING_RATES
+    args.temperatures = tuple(float(v) for v in args.temperatures.split(",")) if args.temperatures else TEMPERATURES
+    args.knob_values = None
+    if args.knob:
+        args.knob_values = {}
+        for item in args.knob:
+            key, sep, values = item.partition("=")
+            if not sep or not key.startswith("algo."):
+                parser.error(f"--knob wants algo.KEY=V1,V2, got {item!r}")
+            args.knob_values[key] = tuple(_parse_value(v) for v in values.split(","))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict]] = {}
     for algo in [a.strip() for a in args.algos.split(",") if a.strip()]:
         results[algo] = []
-        for i, point in enumerate(grid(algo)):
+        for i, point in enumerate(grid(algo, args.lrs, args.temperatures, args.knob_values)):
             started = time.perf_counter()
             seen = run_point(algo, point, args, out / algo / f"point{i}")
             results[algo].append({**point, "valid_seen": seen, "wall_s": round(time.perf_counter() - started, 1)})

@@ -26,3 +26,18 @@ def test_choice_reads_valid_seen_and_ignores_anything_else():
               {"lr": 1e-3, "valid_seen": None}]
     assert sweep.choose(points)["lr"] == 3e-4
     assert sweep.choose([{"lr": 1e-4, "valid_seen": None}]) is None
+
+
+def test_a_point_trains_one_algorithm_from_the_base_pair_and_never_evaluates_valid_unseen(tmp_path):
+    from evaluation.bench import evaluation_envs, resolved_curve_env
+
+    args = sweep.parse_args(["--algos", "opd", "--lrs", "5e-5,1e-4", "--temperatures", "1.0",
+                             "--knob", "algo.divergence=reverse_kl", "--episodes-per-step", "8"])
+    points = sweep.grid("opd", args.lrs, args.temperatures, args.knob_values)
+    assert points == [{"lr": 5e-5, "temperature": 1.0, "algo.divergence": "reverse_kl"},
+                      {"lr": 1e-4, "temperature": 1.0, "algo.divergence": "reverse_kl"}]
+    settings = sweep.point_settings("opd", points[0], args, tmp_path)
+    assert settings.base_models == "auto" and not settings.references and settings.episodes_per_step == 8
+    assert settings.algo_overrides == {"opd": ["algo.divergence=reverse_kl"]}
+    envs = evaluation_envs(settings) + [resolved_curve_env(settings)]
+    assert "household/valid_seen" in envs and not any("unseen" in e for e in envs)
