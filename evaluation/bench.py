@@ -307,7 +307,7 @@ def sft_checkpoint(settings: BenchSettings, run_dir: Path, *, steps: int, lr: fl
     never silently hand back a stale checkpoint.
     """
     key = {"student": settings.student, "env": settings.env, "env_args": settings.resolved_env_args(),
-           "steps": steps, "lr": lr, "context_fraction": context_fraction,
+           "steps": steps, "lr": lr, "context_fraction": context_fraction, "expert": "walkthrough",
            "tasks_per_step": settings.sft_tasks_per_step, "max_turns": settings.max_turns,
            "max_new_tokens": settings.max_new_tokens, "seed": 0}
     key_file = run_dir / "bench_key.json"
@@ -323,7 +323,9 @@ def sft_checkpoint(settings: BenchSettings, run_dir: Path, *, steps: int, lr: fl
     log(f"training {run_dir.name}: SFT {steps} steps x {settings.sft_tasks_per_step} expert episodes, lr {lr}")
     overrides = _common_overrides(settings, seed=0, output_dir=run_dir) + [
         f"model.student={settings.student}", f"train.steps={steps}", f"train.lr={lr}",
-        f"rollout.tasks_per_step={settings.sft_tasks_per_step}", f"algo.context_fraction={context_fraction}"]
+        f"rollout.tasks_per_step={settings.sft_tasks_per_step}", f"algo.context_fraction={context_fraction}",
+        # the older path memorises its few training tasks in 8-10 turns: the optimal plan, not the searching expert
+        "algo.expert=walkthrough"]
     trainer = _trainer(overrides, "sft", settings)
     trainer.train()
     key_file.write_text(json.dumps(key, indent=2) + "\n", encoding="utf-8")

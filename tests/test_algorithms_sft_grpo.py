@@ -26,29 +26,45 @@ def test_algorithms_are_registered_with_their_descriptions():
     assert algorithm_registry.spec("grpo").description.startswith("Group-relative policy optimisation")
 
 
-def test_sft_expert_episode_has_the_rollout_token_view_of_the_walkthrough():
+@pytest.mark.parametrize("expert", ["observable", "walkthrough"])
+def test_sft_expert_episode_has_the_rollout_token_view_of_the_expert(expert):
     policy = HFPolicy.from_pretrained(default_tiny_model())
-    env = agentgym_opd.make(ENV, num_tasks=3, max_turns=10)
+    env = agentgym_opd.make(ENV, num_tasks=3, max_turns=40)
     engine = RolloutEngine(policy, SamplingParams(max_new_tokens=8), system_prompt=DEFAULT_SYSTEM_PROMPT)
     tasks = env.task_ids()[:2]
-    batch = expert_batch(policy, env, tasks, engine_template=engine)
+    batch = expert_batch(policy, env, tasks, engine_template=engine, expert=expert)
     eot = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
     for row, (task_id, ep) in enumerate(zip(tasks, batch.episodes)):
-        walkthrough = env.get_task(task_id).privileged["walkthrough"]
-        assert ep.success and [t.action for t in ep.turns] == walkthrough
-        for k, action in enumerate(walkthrough):  # agent tokens of turn k: the action's ids plus end-of-turn
+        privileged = env.get_task(task_id).privileged
+        # the observable expert searches (it cannot see where the object lies); the walkthrough walks straight there
+        actions = privileged["demonstration"] if expert == "observable" else privileged["walkthrough"]
+        assert ep.success and [t.action for t in ep.turns] == actions
+        for k, action in enumerate(actions):  # agent tokens of turn k: the action's ids plus end-of-turn
             got = [i for i, m, t in zip(ep.input_ids, ep.loss_mask, ep.turn_index) if m and t == k]
             assert got == policy.tokenizer.encode(action, add_special_tokens=False) + [eot]
         assert batch.loss_mask[row].sum() == sum(len(t.action_token_ids) for t in ep.turns)
         # the same bookkeeping as an on-policy rollout: the context decodes to the chat of the history
         text = policy.tokenizer.decode(ep.input_ids)
-        assert text.count("<|im_start|>assistant") == len(walkthrough) and DEFAULT_SYSTEM_PROMPT in text
+        assert text.count("<|im_start|>assistant") == len(actions) and DEFAULT_SYSTEM_PROMPT in text
+    if expert == "observable":
+        assert any(len(ep.turns) > len(env.get_task(t).privileged["walkthrough"]) for t, ep in zip(tasks, batch.episodes))
+
+
+def test_sft_with_context_clones_the_walkthrough_the_context_spells_out():
+    policy = HFPolicy.from_pretrained(default_tiny_model())
+    env = agentgym_opd.make(ENV, num_tasks=2, max_turns=40)
+    engine = RolloutEngine(policy, SamplingParams(max_new_tokens=8), system_prompt=DEFAULT_SYSTEM_PROMPT)
+    batch = expert_batch(policy, env, env.task_ids(), engine_template=engine, context_fraction=1.0)
+    for task_id, ep in zip(env.task_ids(), batch.episodes):
+        assert "Actions that solve this task" in policy.tokenizer.decode(ep.input_ids)
+        assert [t.action for t in ep.turns] == env.get_task(task_id).privileged["walkthrough"]
 
 
 def test_sft_raises_walkthrough_likelihood_and_success_on_training_tasks(tmp_path):
     """Measured (seed 0, 2 training tasks, lr 3e-3, 80 steps): greedy success 0/2 -> 2/2, NLL 6.6 -> <0.01."""
     config = load_config(None, ["algorithm=sft", f"env={ENV}", "model.student=tiny", "model.device=cpu",
                                 "train.steps=80", "train.lr=3e-3", "rollout.tasks_per_step=2", "rollout.max_turns=8",
+                                "algo.expert=walkthrough",
                                 "rollout.max_new_tokens=16", "eval.episodes=2", f"output_dir={tmp_path}"])
     trainer = Trainer(config, env_overrides={"num_tasks": 2}, progress=False)
     before = trainer.evaluate()["success"]

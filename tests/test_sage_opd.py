@@ -136,7 +136,7 @@ def setup():
     env = agentgym_opd.make(ENV, num_tasks=2, max_turns=6)
     engine = RolloutEngine(student, SamplingParams(max_new_tokens=8), system_prompt=DEFAULT_SYSTEM_PROMPT,
                            action_parser=accept_any)
-    expert = expert_batch(teacher, env, env.task_ids(), engine_template=engine)
+    expert = expert_batch(teacher, env, env.task_ids(), engine_template=engine, expert="walkthrough")
     sft = SFT({}, teacher, optimizer=torch.optim.AdamW(teacher.model.parameters(), lr=3e-3))
     for _ in range(8):
         sft.update(expert)
