@@ -52,10 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algo-set", action="append", default=[], metavar="ALGO:key=value",
                         help="config override for one algorithm only, e.g. grpo:algo.kl_coef=0.01")
     parser.add_argument("--skip-warm-start", action="store_true", help="start every algorithm from --student as is")
+    parser.add_argument("--no-references", action="store_true",
+                        help="skip the warm start, warm start + context and teacher rows (sweeps, reruns of one run)")
     parser.add_argument("--base-models", choices=("auto", "off"), default=None,
-                        help="auto: on household with the tiny student, start from the cached household base pair "
-                             "(student, larger teacher; built once; slow, see README); off (default): SFT warm "
-                             "start and teacher trained by the bench")
+                        help="auto (default): on household with the tiny student, start from the cached household "
+                             "base pair (student, larger teacher; built once, ~25 min on 2 cores); off: the older "
+                             "SFT warm start and teacher trained by the bench (memorises 8 training tasks)")
     parser.add_argument("--base-steps", type=int, default=None, metavar="N",
                         help="training steps of the base student (teacher: 3N); default the specs' own")
     parser.add_argument("--base-train-tasks", type=int, default=None, metavar="N",
@@ -113,6 +115,7 @@ def settings_from_args(args: argparse.Namespace):
             raise ValueError(f"--algo-set expects ALGO:key=value, got {item!r}")
         per_algo.setdefault(name, []).append(override)
     changes.update(algo_overrides=per_algo, overrides=list(args.overrides or []), skip_warm_start=args.skip_warm_start,
+                   references=not args.no_references,
                    publish=args.publish, progress=not args.no_progress)
     settings = BenchSettings.quick(**changes) if args.quick else BenchSettings.full(**changes)
     if args.budget is not None:

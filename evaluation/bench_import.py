@@ -67,6 +67,8 @@ def bench_command(settings: dict[str, Any]) -> list[str]:
         argv += [x for o in overrides for x in ("--algo-set", f"{algo}:{o}")]
     if settings.get("skip_warm_start"):
         argv.append("--skip-warm-start")
+    if settings.get("references") is False:
+        argv.append("--no-references")
     if settings.get("device") not in (None, "auto"):
         argv += ["--device", settings["device"]]
     argv += ["--output-dir", str(settings["output_dir"])]

@@ -4,7 +4,8 @@ The command comes from the record's ``provenance.command``. Only the project's o
 ``eval`` subcommands are run (a record is third-party data: it never names an executable), through this
 interpreter (``python -m agentgym_opd.cli``), with ``--device cpu`` and the output sent to a fresh
 temporary folder. A bench record's rerun is narrowed to its own algorithm and seed (``--algos``,
-``--seeds``): runs are independent and seeded, so that is the same run, at a fraction of the cost.
+``--seeds``, and ``--no-references`` unless the record is a reference row): runs are independent and
+seeded, so that is the same run, at a fraction of the cost.
 
 The report: per metric, the old and new means and the difference in standard errors,
 ``z = (new - old) / sqrt(se_old^2 + se_new^2)``. A record made on CPU must reproduce exactly (every
@@ -25,7 +26,8 @@ from evaluation.records import RecordError, protocol_label, validate_record
 
 SUBCOMMANDS = ("bench", "eval")
 OUTPUT_FLAGS = {"bench": "--output-dir", "eval": "--out"}
-REFERENCE_ALGOS = {"warm_start": "sft", "teacher": "opd"}  # the cheapest selection that still runs the reference
+# the cheapest selection that still runs the reference row
+REFERENCE_ALGOS = {"warm_start": "sft", "warm_start+context": "sft", "teacher": "opd"}
 
 
 def _drop_flag(argv: list[str], flag: str) -> list[str]:
@@ -57,6 +59,8 @@ def rerun_argv(record: dict[str, Any], out_dir: Path) -> list[str]:
             args = _drop_flag(args, flag)
         algo = REFERENCE_ALGOS.get(record["algorithm"], record["algorithm"])
         args += ["--algos", algo, "--seeds", f"{record['seed']},", "--output-dir", str(out_dir)]
+        if record["algorithm"] not in REFERENCE_ALGOS and "--no-references" not in args:
+            args.append("--no-references")  # an algorithm's run does not depend on the reference rows
     else:
         args += ["--out", str(out_dir / "record.json")]
     return [sub, *args, "--device", "cpu", "--no-progress"]

@@ -97,6 +97,7 @@ def test_weights_hash_follows_the_weights():
     (True, []),
     (True, ["--seeds", "5,", "--lr", "0.001", "--algos", "opd,grpo"]),
     (False, ["--seeds", "0,1", "--steps", "8", "--env-arg", "num_tasks=6", "--algo-set", "grpo:algo.kl_coef=0.01"]),
+    (False, ["--base-models", "off", "--no-references", "--algos", "opd"]),
 ])
 def test_bench_command_rebuilt_from_settings_means_the_same_settings(quick, flags):
     from evaluation.bench_command import add_arguments, settings_from_args
