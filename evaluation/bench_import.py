@@ -75,13 +75,33 @@ def bench_command(settings: dict[str, Any]) -> list[str]:
     return argv + list(settings.get("overrides") or [])
 
 
-def checkpoint_of(out: Path, record: dict[str, Any]) -> Path:
+REFERENCE_ROWS = ("warm_start", "warm_start+context", "teacher")
+
+
+def reference_model(out: Path, name: str, settings: Any) -> Path:
+    """The warm start's or the teacher's model folder: the cached base pair, or the bench's own SFT run."""
+    from evaluation.bench import final_model_dir, uses_base_models
+
+    if uses_base_models(settings):
+        from evaluation.base_models import cached_base_model
+
+        student, teacher = settings.base_specs()
+        model = cached_base_model(teacher if name == "teacher" else student)
+        if model is None:
+            raise RecordError(f"the bench's base {name} model is not in the cache any more: rerun the bench "
+                              "(it rebuilds the base pair, the same weights) before importing")
+        return model
+    return final_model_dir(out / ("teacher" if name == "teacher" else "warm_start"))
+
+
+def checkpoint_of(out: Path, record: dict[str, Any], settings: Any) -> Path:
     """The model folder the record evaluated."""
     from evaluation.bench import final_model_dir
 
     name = record["algorithm"]
-    run_dir = out / name if name in ("warm_start", "teacher") else out / "runs" / name / f"seed{record['seed']}"
-    return final_model_dir(run_dir)
+    if name in REFERENCE_ROWS:
+        return reference_model(out, name, settings)
+    return final_model_dir(out / "runs" / name / f"seed{record['seed']}")
 
 
 def training_tokens(out: Path, record: dict[str, Any]) -> int | None:
@@ -94,22 +114,15 @@ def training_tokens(out: Path, record: dict[str, Any]) -> int | None:
     return int(total)
 
 
-def eval_tasks(env_id: str, settings: Any) -> list[str]:
-    """The bench's task selection for one split (see ``evaluation.bench.evaluate_policy``)."""
-    from agentgym_opd.registry import make
-    from evaluation.bench import eval_env_args
-    from evaluation.runner import select_tasks
+def eval_tasks(env_id: str, settings: Any, seed: int) -> list[str]:
+    """The tasks the bench evaluated one seed on (``evaluation.bench.eval_task_ids``)."""
+    from evaluation.bench import eval_task_ids
 
-    env = make(env_id, **{"max_turns": settings.max_turns, **eval_env_args(env_id, settings)})
-    try:
-        ids = env.task_ids()
-    finally:
-        env.close()
-    return ids[: settings.eval_episodes] if env_id == settings.env else select_tasks(ids, settings.eval_episodes)
+    return eval_task_ids(env_id, settings, seed)
 
 
 def bench_traces(policy: Any, env_id: str, settings: Any, *, algorithm: Any = None, limit: int = 3,
-                 tasks: list[str] | None = None) -> list[dict[str, Any]]:
+                 tasks: list[str] | None = None, with_context: bool = False) -> list[dict[str, Any]]:
     """The first ``limit`` evaluation episodes of ``env_id``, played greedily exactly as the bench plays them
     (same engine settings, tasks and rollout seeds), as traces; with ``algorithm`` (the live
     ``trainer.algorithm`` of a run) each agent token carries the divergence its loss computes.
@@ -127,8 +140,14 @@ def bench_traces(policy: Any, env_id: str, settings: Any, *, algorithm: Any = No
     overrides = {"max_turns": settings.max_turns, **eval_env_args(env_id, settings)}
     engine = RolloutEngine(policy, SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=0.0),
                            system_prompt=DEFAULT_SYSTEM_PROMPT, action_parser="text")
-    chosen = (tasks if tasks is not None else eval_tasks(env_id, settings))[:limit]
-    batch = engine.collect([make(env_id, **overrides) for _ in chosen], chosen, seed=settings.eval_seed)
+    chosen = (tasks if tasks is not None else eval_tasks(env_id, settings, settings.seeds[0]))[:limit]
+    envs = [make(env_id, **overrides) for _ in chosen]
+    contexts = None
+    if with_context:  # the warm_start+context row: each task's privileged context after the first observation
+        from agentgym_opd.distill import privileged_text
+
+        contexts = [privileged_text(env.get_task(t)) for env, t in zip(envs, chosen)]
+    batch = engine.collect(envs, chosen, seed=settings.eval_seed, contexts=contexts)
     if algorithm is not None:
         return capture_traces(algorithm, batch, limit)
     return [trace_episode(ep, tokenizer=policy.tokenizer) for ep in batch.episodes[:limit]]
@@ -140,16 +159,16 @@ def replay_traces(record: dict[str, Any], policy: Any, settings: Any, out: Path,
     from agentgym_opd.config import load_config
     from agentgym_opd.policy.loading import load_student
     from agentgym_opd.trainer import algorithm_class
-    from evaluation.bench import final_model_dir
 
     name = record["algorithm"]
     algorithm = None
     if name in TEACHER_FROM_CHECKPOINT:
         config = load_config(None, [f"model.device={settings.device}"])
-        student = load_student(str(checkpoint_of(out, record)), config.model, trainable=True)
-        teacher = load_student(str(final_model_dir(out / "teacher")), config.model, trainable=False)
+        student = load_student(str(checkpoint_of(out, record, settings)), config.model, trainable=True)
+        teacher = load_student(str(reference_model(out, "teacher", settings)), config.model, trainable=False)
         algorithm = algorithm_class(name)(record["algorithm_config"].get("algo") or {}, student, teacher)
-    return bench_traces(policy, record["env_id"], settings, algorithm=algorithm, limit=limit, tasks=tasks)
+    return bench_traces(policy, record["env_id"], settings, algorithm=algorithm, limit=limit, tasks=tasks,
+                        with_context=name == "warm_start+context")
 
 
 def import_bench(out_dir: str | Path, board: Any, *, command: list[str] | None = None, episodes: int = 3,
@@ -173,20 +192,21 @@ def import_bench(out_dir: str | Path, board: Any, *, command: list[str] | None =
         device = "cuda" if torch.cuda.is_available() else "cpu"
     held_out = summary.get("eval_envs", [settings.env])[-1]
     published = []
-    task_cache: dict[str, tuple[list[str], str]] = {}
+    task_cache: dict[tuple[str, int], tuple[list[str], str]] = {}
     for path in sorted((out / "records").glob("*.json")):
         record = json.loads(path.read_text(encoding="utf-8"))
         env_id = record["env_id"]
-        if env_id not in task_cache:
-            tasks = eval_tasks(env_id, settings)
-            task_cache[env_id] = (tasks, env_tasks_sha256(env_id, tasks, **{"max_turns": settings.max_turns,
-                                                                              **_eval_args(env_id, settings)}))
-        tasks, tasks_sha = task_cache[env_id]
-        model_dir = checkpoint_of(out, record)
+        key = (env_id, int(record["seed"]))
+        if key not in task_cache:
+            tasks = eval_tasks(env_id, settings, int(record["seed"]))
+            task_cache[key] = (tasks, env_tasks_sha256(env_id, tasks, **{"max_turns": settings.max_turns,
+                                                                          **_eval_args(env_id, settings)}))
+        tasks, tasks_sha = task_cache[key]
+        model_dir = checkpoint_of(out, record, settings)
         policy = load_frozen_policy(str(model_dir), settings)
         record["provenance"] = collect(tasks_sha=tasks_sha, seeds=settings.seeds, command=argv, policy=policy, device=device)
         tokens = training_tokens(out, record)
-        if record["algorithm"] not in ("warm_start", "teacher"):
+        if record["algorithm"] not in REFERENCE_ROWS:
             record["budget"] = {"rollout_episodes": settings.budget, "tokens": tokens}
         record["origin"] = "original"
         if env_id == held_out and episodes > 0:

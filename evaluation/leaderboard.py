@@ -103,7 +103,7 @@ def record_budget(record: dict[str, Any]) -> tuple[int | None, int | None]:
         return record["budget"]["rollout_episodes"], record["budget"]["tokens"]
     bench = (record.get("algorithm_config") or {}).get("bench")
     if isinstance(bench, dict) and isinstance(bench.get("budget_episodes"), int):
-        if record["algorithm"] in ("warm_start", "teacher"):
+        if record["algorithm"] in ("warm_start", "warm_start+context", "teacher"):  # reference rows: no training
             return 0, None
         return bench["budget_episodes"], None
     return None, None

@@ -3,7 +3,7 @@
 Parts (each in its own subprocess with its own time limit, so one failure or hang costs only its slot and
 the others still report):
 
-1. ``bench``: ``agentgym-opd bench --quick --device cuda``, the main job end to end on the GPU;
+1. ``bench``: ``agentgym-opd bench --quick --base-models off --device cuda``, the main job end to end on the GPU;
 2. ``opd_bf16``: one OPD training run in bfloat16 (the tiny student and teacher);
 3. ``ddp_nccl``: one DDP step under ``torchrun --nproc_per_node 1`` (nccl on CUDA);
 4. ``engine``: the HF rollout engine's agent tokens/s at batch 32 and 128 (household, 3 turns x 16 tokens);
@@ -174,7 +174,9 @@ def main() -> int:
         return [py, str(Path(__file__).resolve()), "--part", part, "--part-args", json.dumps(kwargs)]
 
     parts = {
-        "bench": cli + ["bench", "--quick", "--device", device, "--no-progress", "--output-dir", str(out / "bench")]
+        # the older SFT path: the base pair's one-time build (~25 CPU-minutes) does not fit the device budget
+        "bench": cli + ["bench", "--quick", "--base-models", "off", "--device", device, "--no-progress",
+                        "--output-dir", str(out / "bench")]
                  + s["bench_extra"],
         "opd_bf16": cli + ["train", *train_common, "model.dtype=bfloat16", "--output-dir", str(out / "opd_bf16")],
         "ddp_nccl": [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "-m", "agentgym_opd.cli",
