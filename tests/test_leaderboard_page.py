@@ -81,7 +81,7 @@ def test_ranked_table_fits_1280_pixels_with_every_method_and_interval(board, tmp
     assert out.returncode == 0, out.stderr[-2000:]
     dom = out.stdout
     for algo in {r["algorithm"] for r in records}:
-        assert re.search(rf'<tr( class="differs")? data-algorithm="{algo}"', dom), algo
+        assert re.search(rf'<tr( class="differs")? data-algorithm="{re.escape(algo)}"', dom), algo
     body = re.search(r'<body data-scroll-width="(\d+)" data-client-width="(\d+)" data-primary-right="(\d+)" data-primary-cells="(\d+)"', dom)
     assert body, "the layout probe did not run"
     scroll, client, right, cells = map(int, body.groups())
