@@ -100,7 +100,8 @@ def test_checkpoint_and_run_folder_load_the_trained_weights_and_name_the_algorit
         torch.testing.assert_close(value, trained[name].detach(), rtol=0, atol=0)
     (record,) = evaluate_policy(ENV, str(sft_run.output_dir), **FAST)
     assert (record["algorithm"], record["student"], record["teacher"]) == ("sft", "tiny", None)
-    assert record["algorithm_config"] == {"aggregation": "seq_mean_token_mean", "context_fraction": 0.0}
+    assert record["algorithm_config"] == {"aggregation": "seq_mean_token_mean", "context_fraction": 0.0,
+                                          "expert": "observable"}
     assert (record["protocol"]["action_parser"], record["protocol"]["system_prompt"]) == ("text", "Act now.")  # as trained
     validate_record(record)
 
