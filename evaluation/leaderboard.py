@@ -304,10 +304,12 @@ class Leaderboard:
 
     @staticmethod
     def by_family(rows: list[Row]) -> dict[str, list[Row]]:
+        """Rows per env family: families the bench itself evaluated (rows without an eval protocol) first,
+        since that is the table a reader comes for, then the others alphabetically."""
         out: dict[str, list[Row]] = {}
         for row in rows:
             out.setdefault(env_family(row.env_id), []).append(row)
-        return out
+        return dict(sorted(out.items(), key=lambda kv: (not any(r.protocol == "" for r in kv[1]), kv[0])))
 
     @staticmethod
     def best(rows: list[Row], metric: str) -> dict[str, float]:
