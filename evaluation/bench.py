@@ -992,12 +992,12 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
 
     # 2. the reference rows (the warm start and the teacher, evaluated once: greedy has no seed to vary) and
     #    3. every algorithm x seed from the warm start with the same budget: independent jobs, run in parallel
-    jobs: list[Any] = [ReferenceJob("warm_start", student_path, student_label, curve=base)]
-    if base:  # can the student's own network use privileged context (what every self-teacher relies on)?
-        jobs.append(ReferenceJob("warm_start+context", student_path, student_label, context=True))
-    jobs += [ReferenceJob("teacher", teacher_path, teacher_label)] if teacher_path else []
-    if not settings.references:
-        jobs = []
+    jobs: list[Any] = []
+    if settings.references:
+        jobs.append(ReferenceJob("warm_start", student_path, student_label, curve=base))
+        if base:  # can the student's own network use privileged context (what every self-teacher relies on)?
+            jobs.append(ReferenceJob("warm_start+context", student_path, student_label, context=True))
+        jobs += [ReferenceJob("teacher", teacher_path, teacher_label)] if teacher_path else []
     jobs += [RunJob(name, seed, *flags[name]) for name in flags for seed in settings.seeds]
     context = JobContext(settings, env_ids, section, student_path, teacher_path, labels)
     log(f"{len(jobs)} jobs on {min(workers, len(jobs))} worker process(es)")
@@ -1052,8 +1052,7 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (out / "claims.md").write_text(f"The papers' claims on {held_out}\n\n" + format_claims(summary["claims"]) + "\n",
                                    encoding="utf-8")
-    references = ["warm_start", *(["warm_start+context"] if base else []), *(["teacher"] if teacher_path else [])]
-    order = [*(references if settings.references else []), *algos]
+    order = [*(job.name for job in jobs if isinstance(job, ReferenceJob)), *algos]
     summary["table"] = format_table(summary_rows, failures, env_ids, order, intervals=cells)
     if any(c["baseline"] in ("opd", "warm_start") for c in comparisons):
         shown = [c for c in comparisons if c["baseline"] in ("opd", "warm_start")]

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from evaluation.records import RecordError
+from evaluation.records import REFERENCE_ROWS, RecordError
 
 # algorithms whose teacher, at the end of training, is exactly a checkpoint the bench keeps
 TEACHER_FROM_CHECKPOINT = ("opd", "sage_opd")
@@ -75,9 +75,6 @@ def bench_command(settings: dict[str, Any]) -> list[str]:
     return argv + list(settings.get("overrides") or [])
 
 
-REFERENCE_ROWS = ("warm_start", "warm_start+context", "teacher")
-
-
 def reference_model(out: Path, name: str, settings: Any) -> Path:
     """The warm start's or the teacher's model folder: the cached base pair, or the bench's own SFT run."""
     from evaluation.bench import final_model_dir, uses_base_models
@@ -114,13 +111,6 @@ def training_tokens(out: Path, record: dict[str, Any]) -> int | None:
     return int(total)
 
 
-def eval_tasks(env_id: str, settings: Any, seed: int) -> list[str]:
-    """The tasks the bench evaluated one seed on (``evaluation.bench.eval_task_ids``)."""
-    from evaluation.bench import eval_task_ids
-
-    return eval_task_ids(env_id, settings, seed)
-
-
 def bench_traces(policy: Any, env_id: str, settings: Any, *, algorithm: Any = None, limit: int = 3,
                  tasks: list[str] | None = None, with_context: bool = False) -> list[dict[str, Any]]:
     """The first ``limit`` evaluation episodes of ``env_id``, played greedily exactly as the bench plays them
@@ -134,13 +124,13 @@ def bench_traces(policy: Any, env_id: str, settings: Any, *, algorithm: Any = No
     from agentgym_opd.registry import make
     from agentgym_opd.rollout import RolloutEngine
     from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
-    from evaluation.bench import eval_env_args
+    from evaluation.bench import eval_env_args, eval_task_ids
     from evaluation.episode_trace import capture_traces, trace_episode
 
     overrides = {"max_turns": settings.max_turns, **eval_env_args(env_id, settings)}
     engine = RolloutEngine(policy, SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=0.0),
                            system_prompt=DEFAULT_SYSTEM_PROMPT, action_parser="text")
-    chosen = (tasks if tasks is not None else eval_tasks(env_id, settings, settings.seeds[0]))[:limit]
+    chosen = (tasks if tasks is not None else eval_task_ids(env_id, settings, settings.seeds[0]))[:limit]
     envs = [make(env_id, **overrides) for _ in chosen]
     contexts = None
     if with_context:  # the warm_start+context row: each task's privileged context after the first observation
@@ -174,7 +164,7 @@ def replay_traces(record: dict[str, Any], policy: Any, settings: Any, out: Path,
 def import_bench(out_dir: str | Path, board: Any, *, command: list[str] | None = None, episodes: int = 3,
                  log: Callable[[str], None] = print) -> list[Path]:
     """Stamp and add every record of a finished bench; returns the published record files."""
-    from evaluation.bench import BenchSettings, load_frozen_policy
+    from evaluation.bench import BenchSettings, eval_task_ids, load_frozen_policy
     from evaluation.provenance import collect, env_tasks_sha256
     from evaluation.records import validate_record
 
@@ -198,7 +188,7 @@ def import_bench(out_dir: str | Path, board: Any, *, command: list[str] | None =
         env_id = record["env_id"]
         key = (env_id, int(record["seed"]))
         if key not in task_cache:
-            tasks = eval_tasks(env_id, settings, int(record["seed"]))
+            tasks = eval_task_ids(env_id, settings, int(record["seed"]))
             task_cache[key] = (tasks, env_tasks_sha256(env_id, tasks, **{"max_turns": settings.max_turns,
                                                                           **_eval_args(env_id, settings)}))
         tasks, tasks_sha = task_cache[key]

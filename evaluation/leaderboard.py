@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evaluation.records import (MAX_RECORD_BYTES, RecordError, env_family, is_rate, lower_is_better, parse_record,
+from evaluation.records import (MAX_RECORD_BYTES, RecordError, REFERENCE_ROWS, env_family, is_rate, lower_is_better, parse_record,
                                 protocol_label, record_id)
 
 IDENTITY_FIELDS = ("env_id", "split", "algorithm", "student", "teacher", "seed")
@@ -103,7 +103,7 @@ def record_budget(record: dict[str, Any]) -> tuple[int | None, int | None]:
         return record["budget"]["rollout_episodes"], record["budget"]["tokens"]
     bench = (record.get("algorithm_config") or {}).get("bench")
     if isinstance(bench, dict) and isinstance(bench.get("budget_episodes"), int):
-        if record["algorithm"] in ("warm_start", "warm_start+context", "teacher"):  # reference rows: no training
+        if record["algorithm"] in REFERENCE_ROWS:  # they train nothing
             return 0, None
         return bench["budget_episodes"], None
     return None, None

@@ -57,6 +57,8 @@ LOWER_IS_BETTER_PREFIXES = ("mean_turns", "error_rate")
 RATE_NAMES = frozenset({"success_rate", "error_rate", "em", "f1", "accuracy", "exact_match"})
 RATE_PREFIXES = ("error_rate/", "pass@")
 ORIGINS = ("original", "reproduced")
+# the bench's rows that train nothing: the start, the start with privileged context in its prompt, the teacher
+REFERENCE_ROWS = ("warm_start", "warm_start+context", "teacher")
 
 
 class RecordError(ValueError):

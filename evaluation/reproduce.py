@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from evaluation.records import RecordError, protocol_label, validate_record
+from evaluation.records import REFERENCE_ROWS, RecordError, protocol_label, validate_record
 
 SUBCOMMANDS = ("bench", "eval")
 OUTPUT_FLAGS = {"bench": "--output-dir", "eval": "--out"}
@@ -59,7 +59,7 @@ def rerun_argv(record: dict[str, Any], out_dir: Path) -> list[str]:
             args = _drop_flag(args, flag)
         algo = REFERENCE_ALGOS.get(record["algorithm"], record["algorithm"])
         args += ["--algos", algo, "--seeds", f"{record['seed']},", "--output-dir", str(out_dir)]
-        if record["algorithm"] not in REFERENCE_ALGOS and "--no-references" not in args:
+        if record["algorithm"] not in REFERENCE_ROWS and "--no-references" not in args:
             args.append("--no-references")  # an algorithm's run does not depend on the reference rows
     else:
         args += ["--out", str(out_dir / "record.json")]

@@ -81,17 +81,9 @@ def run_point(algo: str, point: dict, args: argparse.Namespace, out: Path) -> fl
     return mean_success(summary, algo, SELECTION_SPLIT)
 
 
-def _parse_value(text: str) -> object:
-    """A knob value as written on the command line: int, float or the string itself."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from agentgym_opd.config import parse_key_values
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--algos", default=",".join(MAIN_KNOBS), help="comma-separated algorithms")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds per point")
@@ -117,7 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             key, sep, values = item.partition("=")
             if not sep or not key.startswith("algo."):
                 parser.error(f"--knob wants algo.KEY=V1,V2, got {item!r}")
-            args.knob_values[key] = tuple(_parse_value(v) for v in values.split(","))
+            # each value as the bench's --env-arg reads one: JSON when it parses (numbers, true), else text
+            args.knob_values[key] = tuple(parse_key_values([f"{key}={v}"], "--knob")[key] for v in values.split(","))
     return args
 
 
