@@ -48,8 +48,9 @@ TRANSITION = "Use it to act correctly now, one action per turn."
 
 def actions_block(actions: Sequence[str]) -> str:
     """A solving action sequence, one format for walkthroughs and successful siblings alike (a network
-    taught to read one reads the other)."""
-    return "Actions that solve this task: " + "; ".join(a.strip() for a in actions) + "."
+    taught to read one reads the other). The steps are numbered: following a plan means knowing which step
+    comes next, and a number to look up is easier to find than a count of one's own past turns."""
+    return "Actions that solve this task: " + "; ".join(f"Step {i}: {a.strip()}" for i, a in enumerate(actions, 1)) + "."
 
 
 def privileged_text(task: Task) -> str | None:

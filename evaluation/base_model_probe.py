@@ -54,7 +54,8 @@ def probe(model: Any, tokenizer: Any, *, split: str = "valid_unseen", tasks: int
     spec = dataclasses.replace(base_models.STUDENT_SPEC, train_tasks=tasks, context_share=0.0)
     if env_args is not None:
         spec = dataclasses.replace(spec, status_line=bool(env_args.get("status_line")),
-                                   goal_in_view=bool(env_args.get("goal_in_view")))
+                                   goal_in_view=bool(env_args.get("goal_in_view")),
+                                   turn_counter=bool(env_args.get("turn_counter")))
     examples = base_models.training_examples(HFPolicy(model, tokenizer), spec, env_id=f"household/{split}")
     total, right = collections.Counter(), collections.Counter()
     model.eval()
@@ -91,12 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=60)
     parser.add_argument("--no-status-line", action="store_true", help="play the env without its status line")
     parser.add_argument("--no-goal-in-view", action="store_true", help="a status line without 'Wanted here: ...'")
+    parser.add_argument("--no-turn-counter", action="store_true", help="a status line without 'Step N next.'")
     args = parser.parse_args(argv)
     tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(args.model, local_files_only=True)
     result = probe(model, tokenizer, split=args.split, tasks=args.tasks,
                    env_args={"status_line": not args.no_status_line,
-                             "goal_in_view": not args.no_status_line and not args.no_goal_in_view})
+                             "goal_in_view": not args.no_status_line and not args.no_goal_in_view,
+                             "turn_counter": not args.no_status_line and not args.no_turn_counter})
     print(format_probe(result))
     return 0
 

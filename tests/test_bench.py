@@ -174,11 +174,11 @@ def test_the_base_pair_path_plays_every_env_with_the_status_line_it_was_trained_
     from evaluation.base_models import STUDENT_SPEC, base_env_args
     from evaluation.bench import BenchSettings, eval_env_args
 
-    assert base_env_args(STUDENT_SPEC) == {"status_line": True, "goal_in_view": True}
+    assert base_env_args(STUDENT_SPEC) == {"status_line": True, "goal_in_view": True, "turn_counter": True}
     base = BenchSettings.full(base_models="auto")
-    assert base.resolved_env_args() == {"status_line": True, "goal_in_view": True}
+    assert base.resolved_env_args() == {"status_line": True, "goal_in_view": True, "turn_counter": True}
     assert BenchSettings.full(base_models="auto", env_args={"num_tasks": 50}).resolved_env_args() == \
-        {"status_line": True, "goal_in_view": True, "num_tasks": 50}
+        {"status_line": True, "goal_in_view": True, "turn_counter": True, "num_tasks": 50}
     for split in ("valid_seen", "valid_unseen"):
         assert eval_env_args(f"household/{split}", base)["status_line"] is True
     old = BenchSettings.full(base_models="off")

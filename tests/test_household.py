@@ -458,6 +458,29 @@ def test_status_line_restates_the_task_and_what_is_carried_after_every_step():
     assert "Your task is to" not in plain.step(task.privileged["demonstration"][0])[0]
 
 
+def test_turn_counter_numbers_the_coming_action_as_a_numbered_plan_names_its_steps():
+    """"Step N next." ends the first observation and every status line, invalid turns counted: the number of
+    the walkthrough step a plan-following agent takes now, in `actions_block`'s own words."""
+    from agentgym_opd.distill import actions_block
+
+    with pytest.raises(ValueError, match="status_line=True"):
+        HouseholdEnv("train", turn_counter=True)
+    env = HouseholdEnv("valid_unseen", status_line=True, goal_in_view=True, turn_counter=True)
+    obs, info = env.reset(options={"task_id": env.task_ids()[1]})
+    walkthrough = info["task"].privileged["walkthrough"]
+    plan = actions_block(walkthrough)
+    assert obs.endswith("\n\nStep 1 next.")
+    for k, action in enumerate(walkthrough, 1):
+        assert f"Step {k}: {action};" in plan or plan.endswith(f"Step {k}: {action}.")
+        obs, _, _, _, info = env.step(action)
+        if not info["success"]:
+            assert obs.endswith(f" Step {k + 1} next."), obs
+    assert info["success"]
+    env.reset(options={"task_id": env.task_ids()[1]})
+    assert env.step("go to the moon")[0].endswith(" Step 2 next.")  # a failed command still used a turn
+    assert "Step" not in HouseholdEnv("valid_unseen", status_line=True).reset(options={"task_id": env.task_ids()[1]})[0]
+
+
 def test_goal_in_view_names_exactly_what_the_observable_expert_takes_or_uses_next():
     """'Wanted here: X.' appears after an observation exactly when the expert's next action takes or uses X, on
     every task type: it flags what is in view and never says where anything else is."""

@@ -266,7 +266,7 @@ def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
         "train.steps=2", "rollout.tasks_per_step=2", "rollout.max_turns=4", "rollout.max_new_tokens=8")
     command = ["eval", "--policy", "runs/my_opd", "--env", "household/valid_unseen", "--episodes", "4",
                "--max-new-tokens", "16", "--max-turns", "30", "--env-arg", "status_line=true",
-               "--env-arg", "goal_in_view=true", "--device", "cpu", "--no-progress"]
+               "--env-arg", "goal_in_view=true", "--env-arg", "turn_counter=true", "--device", "cpu", "--no-progress"]
     cli(*command, "--out", "rec.json")
     cli("leaderboard", "stamp", "rec.json", "--command", " ".join(["agentgym-opd", *command]))
     shutil.copytree(COMMITTED, tmp_path / "lb")

@@ -27,7 +27,11 @@ because a small model from scratch cannot yet retrieve the goal from many turns 
 an object its task still needs: a goal object it has not yet placed while its hands are empty, or the lamp
 while it holds the object to look at. It names what is in view, never where anything else is: the search
 stays the agent's. Small models from scratch do not learn to compare the goal's object with a list of
-objects in view, which an instruction-tuned model does without thinking; the base pair uses it too). `data_root` is accepted for interface symmetry with the data-backed
+objects in view, which an instruction-tuned model does without thinking; the base pair uses it too),
+`turn_counter` (default False; needs `status_line`: the first observation and every status line end "Step 4
+next.", the number of the coming action. A plan in the agent's context numbers its steps the same way
+(`agentgym_opd.distill.actions_block`), so following it is a lookup of the current number; a network
+from scratch cannot count its own past turns, which an instruction-tuned model keeps track of unasked). `data_root` is accepted for interface symmetry with the data-backed
 families and ignored: this world needs no data.
 """
 
@@ -60,7 +64,7 @@ class HouseholdEnv(TextEnv):
     def __init__(self, split: str = "train", *, num_tasks: int | None = None,
                  task_types: tuple[str, ...] | list[str] | str | None = None, max_turns: int = 40,
                  show_admissible: bool = False, status_line: bool = False, goal_in_view: bool = False,
-                 data_root: str | os.PathLike | None = None, **kwargs: Any):
+                 turn_counter: bool = False, data_root: str | os.PathLike | None = None, **kwargs: Any):
         if split not in SPLITS:
             raise ValueError(f"unknown household split {split!r}; expected one of {', '.join(SPLITS)}")
         if isinstance(task_types, str):
@@ -82,6 +86,9 @@ class HouseholdEnv(TextEnv):
         self.goal_in_view = bool(goal_in_view)
         if self.goal_in_view and not self.status_line:
             raise ValueError("goal_in_view extends the status line: pass status_line=True with it")
+        self.turn_counter = bool(turn_counter)
+        if self.turn_counter and not self.status_line:
+            raise ValueError("turn_counter extends the status line: pass status_line=True with it")
         self.task_types = task_types
         self._draws = {d.task_id: d for d in (GoalDraw(split, i) for i in task_indices(num_tasks, task_types))}
         self._ids = list(self._draws)
@@ -132,6 +139,8 @@ class HouseholdEnv(TextEnv):
         self.world = build_world(draw)
         self.checker = GoalChecker(draw.goal, self.world)
         first = f"{WELCOME}\n\n{self.world.look()}\n\nYour task is to: {task.instruction}\n\n{COMMAND_HELP}"
+        if self.turn_counter:
+            first += "\n\n" + self._next_step()
         return self._with_admissible(first)
 
     def _with_status(self, observation: str) -> str:
@@ -140,7 +149,13 @@ class HouseholdEnv(TextEnv):
             return observation
         status = f"{observation}\nYour task is to: {self.task.instruction} {self.world.inventory()}"
         wanted = self.checker.wanted_in_view() if self.goal_in_view else None
-        return status if wanted is None else f"{status} Wanted here: {wanted}."
+        if wanted is not None:
+            status += f" Wanted here: {wanted}."
+        return f"{status} {self._next_step()}" if self.turn_counter else status
+
+    def _next_step(self) -> str:
+        """The coming action's number, as a numbered plan (`actions_block`) names its steps."""
+        return f"Step {self.turn + 1} next."
 
     def _with_admissible(self, observation: str) -> str:
         if not self.show_admissible:
