@@ -96,13 +96,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--temperatures", default=None, help=f"comma-separated temperatures (default {TEMPERATURES})")
     parser.add_argument("--knob", action="append", default=[], metavar="KEY=V1,V2",
                         help="replace the algorithm's main knob values, e.g. algo.divergence=reverse_kl")
+    parser.add_argument("--default-knobs", action="store_true",
+                        help="sweep lr and temperature only, every method at its own knob defaults")
     parser.add_argument("--quick", action="store_true", help="the bench's --quick settings per point (smoke)")
     parser.add_argument("--out", default="runs/sweep")
     args = parser.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",")]
     args.lrs = tuple(float(v) for v in args.lrs.split(",")) if args.lrs else LEARNING_RATES
     args.temperatures = tuple(float(v) for v in args.temperatures.split(",")) if args.temperatures else TEMPERATURES
-    args.knob_values = None
+    args.knob_values = {} if args.default_knobs else None
+    if args.knob and args.default_knobs:
+        parser.error("--knob and --default-knobs exclude each other")
     if args.knob:
         args.knob_values = {}
         for item in args.knob:

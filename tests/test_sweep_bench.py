@@ -21,6 +21,12 @@ def test_every_registered_algorithm_has_a_grid_over_lr_temperature_and_its_knob(
     assert sweep.SELECTION_SPLIT == "household/valid_seen"
 
 
+def test_default_knobs_sweeps_lr_and_temperature_only():
+    args = sweep.parse_args(["--default-knobs", "--lrs", "3e-5,3e-4", "--temperatures", "1.0"])
+    points = sweep.grid("vpd", args.lrs, args.temperatures, args.knob_values)
+    assert points == [{"lr": 3e-5, "temperature": 1.0}, {"lr": 3e-4, "temperature": 1.0}]
+
+
 def test_choice_reads_valid_seen_and_ignores_anything_else():
     points = [{"lr": 1e-4, "valid_seen": 0.2, "valid_unseen": 0.9}, {"lr": 3e-4, "valid_seen": 0.5, "valid_unseen": 0.1},
               {"lr": 1e-3, "valid_seen": None}]
