@@ -62,7 +62,10 @@ def point_settings(algo: str, point: dict, args: argparse.Namespace, out: Path):
     tasks) only, without the reference rows (they do not depend on the point)."""
     from evaluation.bench import BenchSettings
 
+    # the point's lr and temperature go in last, after the bench's tuned per-algorithm defaults (TUNED_OVERRIDES),
+    # which would otherwise replace them
     knobs = [f"{k}={v}" for k, v in point.items() if k.startswith("algo.")]
+    knobs += [f"train.lr={point['lr']}", f"rollout.temperature={point['temperature']}"]
     changes = dict(algos=[algo], seeds=args.seeds, lr=point["lr"], temperature=point["temperature"],
                    algo_overrides={algo: knobs}, eval_envs=[SELECTION_SPLIT], output_dir=str(out),
                    progress=False, base_models=args.base_models, references=False)

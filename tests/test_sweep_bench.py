@@ -44,6 +44,13 @@ def test_a_point_trains_one_algorithm_from_the_base_pair_and_never_evaluates_val
                       {"lr": 1e-4, "temperature": 1.0, "algo.divergence": "reverse_kl"}]
     settings = sweep.point_settings("opd", points[0], args, tmp_path)
     assert settings.base_models == "auto" and not settings.references and settings.episodes_per_step == 8
-    assert settings.algo_overrides == {"opd": ["algo.divergence=reverse_kl"]}
+    assert settings.algo_overrides == {"opd": ["algo.divergence=reverse_kl", "train.lr=5e-05", "rollout.temperature=1.0"]}
+    # a point's lr beats the bench's tuned per-algorithm lr, which the run's overrides apply before it
+    from evaluation.bench import run_overrides
+
+    sft = sweep.point_settings("sft", {"lr": 1e-3, "temperature": 1.0}, args, tmp_path)
+    config = run_overrides(sft, "sft", seed=0, run_dir=tmp_path, student="s", teacher=None, needs_teacher=False,
+                           needs_groups=False)
+    assert [o for o in config if o.startswith("train.lr=")][-1] == "train.lr=0.001"
     envs = evaluation_envs(settings) + [resolved_curve_env(settings)]
     assert "household/valid_seen" in envs and not any("unseen" in e for e in envs)
