@@ -54,3 +54,17 @@ def test_a_point_trains_one_algorithm_from_the_base_pair_and_never_evaluates_val
     assert [o for o in config if o.startswith("train.lr=")][-1] == "train.lr=0.001"
     envs = evaluation_envs(settings) + [resolved_curve_env(settings)]
     assert "household/valid_seen" in envs and not any("unseen" in e for e in envs)
+
+
+def test_the_bench_defaults_hold_a_swept_lr_for_every_registered_algorithm():
+    from evaluation.bench import TUNED_OVERRIDES, BenchSettings, run_overrides
+
+    assert set(TUNED_OVERRIDES) == set(algorithm_registry.ids())
+    base, off = BenchSettings.full(), BenchSettings.full(base_models="off")
+    for algo, tuned in TUNED_OVERRIDES.items():
+        lrs = [o for o in run_overrides(base, algo, seed=0, run_dir=Path("r"), student="s", teacher="t",
+                                        needs_teacher=True, needs_groups=False) if o.startswith("train.lr=")]
+        assert lrs[-1] == tuned[0]
+        lrs = [o for o in run_overrides(off, algo, seed=0, run_dir=Path("r"), student="s", teacher="t",
+                                        needs_teacher=True, needs_groups=False) if o.startswith("train.lr=")]
+        assert lrs == [f"train.lr={off.lr}"]  # the older path keeps its shared lr
