@@ -151,6 +151,7 @@ def prompt_corpus(spec: BaseModelSpec, tasks: int = 40) -> list[str]:
     from agentgym_opd.registry import make
 
     env = make(TRAIN_ENV, **base_env_args(spec), num_tasks=tasks, max_turns=spec.max_turns)
+    scratch = make(TRAIN_ENV, **base_env_args(spec), num_tasks=tasks, max_turns=spec.max_turns)
     rng = random.Random(f"base-model-corpus/{spec.seed}")
     texts: list[str] = []
     for task_id in env.task_ids():
@@ -158,7 +159,7 @@ def prompt_corpus(spec: BaseModelSpec, tasks: int = 40) -> list[str]:
         obs, _ = env.reset(options={"task_id": task_id})
         texts += [obs, privileged_text(task) or ""]
         for kind in ("sibling", "feedback"):
-            texts.append(context_plan(task, kind, make(TRAIN_ENV, **base_env_args(spec), num_tasks=tasks), rng)[0])
+            texts.append(context_plan(task, kind, scratch, rng)[0])
         for action in task.privileged["demonstration"]:
             obs, _, terminated, truncated, _ = env.step(action)
             texts.append(obs)
