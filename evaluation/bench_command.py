@@ -76,7 +76,8 @@ def _seeds(text: str) -> list[int]:
     except ValueError:
         raise ValueError(f"--seeds expects a count N or a comma list like 0,1,2, got {text!r}") from None
     if count < 1:
-        raise ValueError(f"--seeds needs at least one seed, got {count}")
+        raise ValueError(f"--seeds N counts seeds and needs N >= 1, got {count}; for seed 0 alone pass --seeds 1 "
+                         "(or the list --seeds 0,)")
     return list(range(count))
 
 

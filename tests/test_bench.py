@@ -183,3 +183,11 @@ def test_the_base_pair_path_plays_every_env_with_the_status_line_it_was_trained_
         assert eval_env_args(f"household/{split}", base)["status_line"] is True
     old = BenchSettings.full(base_models="off")
     assert "status_line" not in old.resolved_env_args() and "status_line" not in eval_env_args("household/valid_unseen", old)
+
+
+def test_seeds_reads_a_count_or_a_list_and_names_the_fix_for_seed_zero():
+    from evaluation.bench_command import _seeds
+
+    assert _seeds("3") == [0, 1, 2] and _seeds("0,3") == [0, 3] and _seeds("0,") == [0]
+    with pytest.raises(ValueError, match="--seeds 1"):
+        _seeds("0")
