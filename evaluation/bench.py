@@ -660,7 +660,6 @@ def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_ar
     ``tasks`` (default: ``eval_task_ids`` of the first seed) chooses them explicitly; ``with_context`` shows
     each task's privileged context after the first observation, as a self-teacher sees it.
     """
-    from agentgym_opd.distill import privileged_text
     from agentgym_opd.playing import play_tasks
     from agentgym_opd.policy.base import SamplingParams
     from agentgym_opd.registry import env_protocol
@@ -672,7 +671,7 @@ def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_ar
     contexts = None
     if with_context:
         probe = make_env(env_id, settings, env_args)
-        contexts = [privileged_text(probe.get_task(t)) for t in tasks]
+        contexts = privileged_contexts(probe, tasks)
         probe.close()
     protocol = env_protocol(env_id)  # what the trainer uses too (the family's default parser and prompt)
     episodes = play_tasks(policy, env_id, tasks, sampling=SamplingParams(max_new_tokens=settings.max_new_tokens,
@@ -681,6 +680,13 @@ def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_ar
                           seed=settings.eval_seed, batch_size=len(tasks), max_context_tokens=4096,
                           env_kwargs=overrides, contexts=contexts)
     return episodes, time.perf_counter() - started
+
+
+def privileged_contexts(env: Any, tasks: list[str]) -> list[str | None]:
+    """Each task's privileged context as the ``warm_start+context`` row shows it after the first observation."""
+    from agentgym_opd.distill import privileged_text
+
+    return [privileged_text(env.get_task(t)) for t in tasks]
 
 
 def make_env(env_id: str, settings: BenchSettings, env_args: dict[str, Any]) -> Any:

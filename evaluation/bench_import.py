@@ -124,7 +124,7 @@ def bench_traces(policy: Any, env_id: str, settings: Any, *, algorithm: Any = No
     from agentgym_opd.registry import make
     from agentgym_opd.rollout import RolloutEngine
     from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
-    from evaluation.bench import eval_env_args, eval_task_ids
+    from evaluation.bench import eval_env_args, eval_task_ids, privileged_contexts
     from evaluation.episode_trace import capture_traces, trace_episode
 
     overrides = {"max_turns": settings.max_turns, **eval_env_args(env_id, settings)}
@@ -132,11 +132,7 @@ def bench_traces(policy: Any, env_id: str, settings: Any, *, algorithm: Any = No
                            system_prompt=DEFAULT_SYSTEM_PROMPT, action_parser="text")
     chosen = (tasks if tasks is not None else eval_task_ids(env_id, settings, settings.seeds[0]))[:limit]
     envs = [make(env_id, **overrides) for _ in chosen]
-    contexts = None
-    if with_context:  # the warm_start+context row: each task's privileged context after the first observation
-        from agentgym_opd.distill import privileged_text
-
-        contexts = [privileged_text(env.get_task(t)) for env, t in zip(envs, chosen)]
+    contexts = privileged_contexts(envs[0], chosen) if with_context and envs else None  # warm_start+context
     batch = engine.collect(envs, chosen, seed=settings.eval_seed, contexts=contexts)
     if algorithm is not None:
         return capture_traces(algorithm, batch, limit)
