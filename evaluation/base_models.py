@@ -66,9 +66,18 @@ class BaseModelSpec:
     decision_weight: float = 1.0  # loss weight of each action's first token, where go/open/take/put is chosen
     seed: int = 0
     version: int = BUILD_VERSION
+    # share of the expert's episodes (not those copying a walkthrough) whose history carries invalid commands
+    # like a student's, masked out of the loss (`with_mistakes`): the model learns to act well after mistakes
+    mistake_share: float = 0.0
+    # how the context episodes divide among CONTEXT_KINDS (walkthrough, sibling, feedback); None: CONTEXT_WEIGHTS
+    context_weights: tuple[float, float, float] | None = None
 
     def key(self) -> str:
-        return hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+        settings = dataclasses.asdict(self)
+        for later in ("mistake_share", "context_weights"):  # added later: unset, they leave cached models' keys
+            if not settings[later]:
+                del settings[later]
+        return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
 
 
 # The bench's pair: the teacher is wider and trained 1.8x as long as the student. The student's 850 steps sit
@@ -202,10 +211,60 @@ def failed_attempt_feedback(env: Any, task: Any, rng: random.Random) -> str:
     return env.episode_feedback()
 
 
-def choose_kind(rng: random.Random, share: float) -> str:
+MISTAKE_RATE = 0.25  # before each expert action of a chosen episode: chance of (another) invalid command
+
+
+def with_mistakes(env: Any, task: Any, actions: list[str], rng: random.Random, max_turns: int) -> tuple[list[str], set[int]]:
+    """The expert's actions with invalid commands put before some of them, and the turns that are mistakes.
+
+    A student under training says things like "take cup 2 from countertop 3" where there is no cup, or goes
+    to a receptacle the room does not have; a teacher that has only ever seen flawless histories is lost
+    after such a turn, and on-policy distillation asks it about exactly those states. A mistake here is the
+    expert's next action with one name swapped (for another name of the room, or a number the room does
+    not have) such that the env rejects it: an invalid command changes nothing, so the expert's next action
+    is still right, and it is what the model learns to say after the mistake (the mistake's own tokens are
+    masked out of the loss)."""
+    from environments.household.commands import resolve
+
+    env.reset(options={"task_id": task.id})
+    world = env.world
+    out: list[str] = []
+    mistakes: set[int] = set()
+    slack = max_turns - len(actions)
+    for action in actions:
+        while len(mistakes) < slack and rng.random() < MISTAKE_RATE:
+            wrong = invalid_variant(world, action, rng, resolve)
+            if wrong is None:
+                break
+            mistakes.add(len(out))
+            out.append(wrong)
+        out.append(action)
+        env.step(action)
+    return out, mistakes
+
+
+def invalid_variant(world: Any, action: str, rng: random.Random, resolve: Callable[[Any, str], Any]) -> str | None:
+    """``action`` with one of its names ("cup 2") replaced so that the world rejects it, or None."""
+    import re
+
+    names = re.findall(r"[a-z]+ \d+", action)
+    if not names:
+        return None
+    name = rng.choice(names)
+    kind = name.split(" ")[0]
+    pool = list(world.o_names) + list(world.r_names) + [f"{kind} {n}" for n in range(1, 7)]
+    rng.shuffle(pool)
+    for other in pool:
+        wrong = action.replace(name, other, 1)
+        if other != name and resolve(world, wrong) is None:
+            return wrong
+    return None
+
+
+def choose_kind(rng: random.Random, share: float, weights: tuple[float, ...] | None = None) -> str:
     if rng.random() >= share:
         return "none"
-    return rng.choices(CONTEXT_KINDS, weights=CONTEXT_WEIGHTS)[0]
+    return rng.choices(CONTEXT_KINDS, weights=weights or CONTEXT_WEIGHTS)[0]
 
 
 def training_examples(policy: Any, spec: BaseModelSpec, *, env_id: str = TRAIN_ENV) -> list[tuple[list[int], list[int]]]:
@@ -220,12 +279,17 @@ def training_examples(policy: Any, spec: BaseModelSpec, *, env_id: str = TRAIN_E
     env = make(env_id, **base_env_args(spec), num_tasks=spec.train_tasks, max_turns=spec.max_turns)
     scratch = make(env_id, **base_env_args(spec), num_tasks=spec.train_tasks, max_turns=spec.max_turns)
     rng = random.Random(f"base-model-data/{spec.seed}")
+    mistake_rng = random.Random(f"base-model-mistakes/{spec.seed}")  # apart: mistake_share 0 keeps the old data
     examples = []
     for task_id in env.task_ids():
         task = env.get_task(task_id)
-        context, actions = context_plan(task, choose_kind(rng, spec.context_share), scratch, rng)
+        kind = choose_kind(rng, spec.context_share, spec.context_weights)
+        context, actions = context_plan(task, kind, scratch, rng)
         if len(actions) > spec.max_turns:  # 1 train task in 2000 (a lamp found only after a full round)
             continue
+        mistakes: set[int] = set()
+        if spec.mistake_share and kind != "walkthrough" and mistake_rng.random() < spec.mistake_share:
+            actions, mistakes = with_mistakes(scratch, task, actions, mistake_rng, spec.max_turns)
         longest = max(len(policy.tokenizer.encode(a, add_special_tokens=False)) for a in actions)
         engine = RolloutEngine(ScriptedPolicy(ScriptAgent(actions), like=policy), SamplingParams(max_new_tokens=longest + 1),
                                system_prompt=DEFAULT_SYSTEM_PROMPT, action_parser="text")
@@ -234,7 +298,9 @@ def training_examples(policy: Any, spec: BaseModelSpec, *, env_id: str = TRAIN_E
         if not episode.success:
             raise RuntimeError(f"expert episode of {task_id} did not succeed: the demonstration is broken")
         n = int(batch.attention_mask[0].sum())
-        examples.append((batch.input_ids[0, :n].tolist(), batch.loss_mask[0, :n].tolist()))
+        mask = [int(m) * int(int(t) not in mistakes) for m, t in zip(batch.loss_mask[0, :n].tolist(),
+                                                                      batch.turn_index[0, :n].tolist())]
+        examples.append((batch.input_ids[0, :n].tolist(), mask))
     return examples
 
 

@@ -11,6 +11,7 @@ from agentgym_opd.distill import CONTEXT_HEADER, privileged_text
 from agentgym_opd.registry import make
 from evaluation.base_models import (
     STUDENT_SPEC, TEACHER_SPEC, BaseModelSpec, build_base_model, choose_kind, context_plan, ensure_base_model,
+    with_mistakes,
 )
 
 MINI = BaseModelSpec("mini", hidden=16, layers=1, heads=2, steps=2, batch_size=2, warmup_steps=1, train_tasks=6,
@@ -40,6 +41,48 @@ def test_plain_episodes_follow_the_observable_expert_and_context_episodes_use_th
         context_plan(task, "gossip", env, rng)
     kinds = [choose_kind(random.Random(i), 0.35) for i in range(400)]
     assert 0.25 < 1 - kinds.count("none") / 400 < 0.45 and {"walkthrough", "sibling", "feedback"} <= set(kinds)
+
+
+def test_settings_added_later_change_the_key_only_when_set():
+    """A cached model keeps its key when a later field is left unset; setting it always makes a new key."""
+    plain = dataclasses.asdict(STUDENT_SPEC)
+    assert "mistake_share" in plain and "context_weights" in plain
+    keys = {STUDENT_SPEC.key(), dataclasses.replace(STUDENT_SPEC, mistake_share=0.5).key(),
+            dataclasses.replace(STUDENT_SPEC, context_weights=(0.8, 0.1, 0.1)).key()}
+    assert len(keys) == 3
+    assert STUDENT_SPEC.key() == "b3cbf30e04"  # the cached 850-step student of the bench (built before both fields)
+    kinds = [choose_kind(random.Random(i), 1.0, (1.0, 0.0, 0.0)) for i in range(50)]
+    assert set(kinds) == {"walkthrough"}
+
+
+def test_mistakes_are_rejected_by_the_env_and_masked_out_of_the_loss():
+    env = make("household/train", num_tasks=30, max_turns=40)
+    rng = random.Random(3)
+    seen_mistake = False
+    for task_id in env.task_ids():
+        task = env.get_task(task_id)
+        demo = list(task.privileged["demonstration"])
+        actions, mistakes = with_mistakes(env, task, demo, rng, max_turns=40)
+        assert len(actions) <= 40 and [a for i, a in enumerate(actions) if i not in mistakes] == demo
+        env.reset(options={"task_id": task_id})
+        for i, action in enumerate(actions):
+            _, _, terminated, _, info = env.step(action)
+            assert (info.get("error") is not None) == (i in mistakes), (task_id, i, action)
+        assert terminated  # the expert still solves the task after every mistake
+        seen_mistake |= bool(mistakes)
+    assert seen_mistake
+
+    from agentgym_opd.policy.scripted import TemplateTokens
+    from evaluation.base_models import training_examples
+
+    spec = dataclasses.replace(MINI, train_tasks=8, context_share=0.0, mistake_share=1.0)
+    plain = dataclasses.replace(spec, mistake_share=0.0)
+    tokens = TemplateTokens.tiny()
+    with_them, without = training_examples(tokens, spec), training_examples(tokens, plain)
+    assert any(len(a[0]) > len(b[0]) for a, b in zip(with_them, without))  # longer histories: the mistakes
+    for (ids, mask), (plain_ids, plain_mask) in zip(with_them, without):
+        trained = [tokens.tokenizer.decode([t for t, m in zip(ids, mask) if m])]
+        assert trained == [tokens.tokenizer.decode([t for t, m in zip(plain_ids, plain_mask) if m])]
 
 
 def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
