@@ -8,7 +8,6 @@ the suite's budget; `scripts/replay_alfworld.py` replays the whole split.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -18,7 +17,7 @@ from agentgym_opd.registry import make
 from environments.alfworld import TASK_TYPES
 from environments.alfworld.env import AlfWorldEnv, logic_files
 
-DATA_ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from conftest import SHARED_DATA as DATA_ROOT  # ../shared/data, or AGENTGYM_OPD_TEST_DATA
 
 
 @pytest.fixture(scope="module")

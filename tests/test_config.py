@@ -211,8 +211,9 @@ def test_every_recipe_runs_two_steps_of_the_tiny_model_under_torchrun_with_two_g
 
     from agentgym_opd.policy.tiny import default_tiny_model
 
+    from conftest import SHARED_DATA as data  # ../shared/data, or AGENTGYM_OPD_TEST_DATA
+
     root = Path(__file__).resolve().parents[1]
-    data = root.parent / "shared" / "data"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root),
            **({"AGENTGYM_OPD_DATA": str(data)} if data.is_dir() else {})}
     recipes = sorted((root / "configs").glob("*.yaml"))
