@@ -1,0 +1,97 @@
+"""How a household model copes with mistakes in its own history: greedy success when some actions go wrong.
+
+On-policy distillation asks the teacher about the student's histories, and a student under training makes
+many invalid commands (about half its turns at temperature 1.0, for the bench's student). A teacher that
+has only seen flawless expert histories may be lost after such a turn. This probe plays a model greedily
+and, with probability ``rate`` per turn, changes the first number in the action it chose ("take cup 2
+from shelf 1" becomes "take cup 3 from shelf 1"), which the env usually rejects; the history then carries
+the mistake, as a student's would. Success at rate 0 is the plain greedy evaluation:
+
+    python -m evaluation.mistake_probe PATH/TO/MODEL --split valid_seen --tasks 60 --rates 0,0.1,0.25
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+from typing import Any, Sequence
+
+_NUMBER = re.compile(r"\d+")
+
+
+def mistaken(action: str) -> str:
+    """The action with its first number moved on by one (within 1-6, the numbers rooms use), or unchanged."""
+    return _NUMBER.sub(lambda m: str(int(m.group()) % 6 + 1), action, count=1)
+
+
+class MistakenPolicy:
+    """A policy whose sampled action is, with probability ``rate`` per turn, replaced by `mistaken` of it.
+
+    Whether a turn goes wrong is seeded by the engine's per-row, per-turn seed, so a rerun makes the same
+    mistakes. The replaced tokens carry log-prob 0 (nothing trains on them)."""
+
+    def __init__(self, policy: Any, rate: float):
+        self.policy, self.rate = policy, rate
+        self.tokenizer, self.stop_token_ids = policy.tokenizer, policy.stop_token_ids
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        return self.policy.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+
+    def generate(self, prompts: list[list[int]], params: Any, seeds: Sequence[int | None] | None = None) -> list[Any]:
+        from agentgym_opd.policy.base import Generation
+
+        out = []
+        for k, gen in enumerate(self.policy.generate(prompts, params, seeds=seeds)):
+            seed = seeds[k] if seeds is not None else k
+            if random.Random(f"mistake/{seed}").random() < self.rate and mistaken(gen.text) != gen.text:
+                text = mistaken(gen.text)
+                closing = [t for t in gen.token_ids[-1:] if t in self.stop_token_ids]
+                ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + closing
+                gen = Generation(text, ids, [0.0] * len(ids), gen.finish_reason)
+            out.append(gen)
+        return out
+
+
+def success_with_mistakes(policy: Any, rate: float, *, split: str = "valid_seen", tasks: int = 60,
+                          env_args: dict[str, Any] | None = None, max_turns: int = 30) -> tuple[float, float]:
+    """(success rate, invalid actions per episode) of greedy play on the split's first ``tasks`` tasks."""
+    from agentgym_opd.policy.base import SamplingParams
+    from agentgym_opd.registry import make
+    from agentgym_opd.rollout import RolloutEngine
+    from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
+
+    env_id = f"household/{split}"
+    ids = make(env_id, **(env_args or {}), max_turns=max_turns).task_ids()[:tasks]
+    envs = [make(env_id, **(env_args or {}), max_turns=max_turns) for _ in ids]
+    engine = RolloutEngine(MistakenPolicy(policy, rate), SamplingParams(max_new_tokens=16, temperature=0.0),
+                           system_prompt=DEFAULT_SYSTEM_PROMPT)
+    episodes = engine.collect(envs, ids, seed=0).episodes
+    errors = sum(t.error is not None for e in episodes for t in e.turns)
+    return sum(e.success for e in episodes) / len(episodes), errors / len(episodes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from agentgym_opd.policy.hf import HFPolicy
+    from evaluation import base_models
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="a household model folder (e.g. a base model's .../model)")
+    parser.add_argument("--split", default="valid_seen", choices=("train", "valid_seen", "valid_unseen"))
+    parser.add_argument("--tasks", type=int, default=60)
+    parser.add_argument("--rates", default="0,0.1,0.25", help="comma list of per-turn mistake probabilities")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    policy = HFPolicy.from_pretrained(args.model)
+    env_args = base_models.base_env_args(base_models.STUDENT_SPEC)
+    print("| mistake rate | success | invalid actions per episode |\n|---|---|---|")
+    for rate in (float(r) for r in args.rates.split(",")):
+        success, errors = success_with_mistakes(policy, rate, split=args.split, tasks=args.tasks, env_args=env_args)
+        print(f"| {rate:g} | {success:.3f} | {errors:.1f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
