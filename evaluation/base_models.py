@@ -14,6 +14,9 @@ builds the analogue once, offline, as ordinary Hugging Face folders:
   copying a plan from context is the skill OPSD/VPD/LOPD teachers need), a successful sibling's actions
   (SDPO; the actions follow the sibling) or feedback on a failed attempt (SDPO; the actions are the
   demonstration: the network learns that such feedback does not derail it);
+* mistakes (the teacher's `mistake_share`): a share of the episodes that do not copy a walkthrough carry
+  invalid commands like a student's in their history, masked out of the loss (`with_mistakes`), because
+  on-policy distillation asks the teacher what to do after exactly such turns;
 * the env: the status line restates the task and what is carried, names the wanted object in view, and
   ends with the coming action's number ("Step 4 next."), which is how a numbered plan in context names its
   steps: following a plan becomes a lookup, where a network from scratch cannot count its own turns;
