@@ -36,6 +36,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -229,8 +230,6 @@ def with_mistakes(env: Any, task: Any, actions: list[str], rng: random.Random, m
     not have) such that the env rejects it: an invalid command changes nothing, so the expert's next action
     is still right, and it is what the model learns to say after the mistake (the mistake's own tokens are
     masked out of the loss)."""
-    from environments.household.commands import resolve
-
     env.reset(options={"task_id": task.id})
     world = env.world
     out: list[str] = []
@@ -238,7 +237,7 @@ def with_mistakes(env: Any, task: Any, actions: list[str], rng: random.Random, m
     slack = max_turns - len(actions)
     for action in actions:
         while len(mistakes) < slack and rng.random() < MISTAKE_RATE:
-            wrong = invalid_variant(world, action, rng, resolve)
+            wrong = invalid_variant(world, action, rng)
             if wrong is None:
                 break
             mistakes.add(len(out))
@@ -248,9 +247,9 @@ def with_mistakes(env: Any, task: Any, actions: list[str], rng: random.Random, m
     return out, mistakes
 
 
-def invalid_variant(world: Any, action: str, rng: random.Random, resolve: Callable[[Any, str], Any]) -> str | None:
+def invalid_variant(world: Any, action: str, rng: random.Random) -> str | None:
     """``action`` with one of its names ("cup 2") replaced so that the world rejects it, or None."""
-    import re
+    from environments.household.commands import resolve
 
     names = re.findall(r"[a-z]+ \d+", action)
     if not names:
