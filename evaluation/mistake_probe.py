@@ -55,18 +55,22 @@ class MistakenPolicy:
 
 def success_with_mistakes(policy: Any, rate: float, *, split: str = "valid_seen", tasks: int = 60,
                           env_args: dict[str, Any] | None = None, max_turns: int = 30) -> tuple[float, float]:
-    """(success rate, invalid actions per episode) of greedy play on the split's first ``tasks`` tasks."""
+    """(success rate, invalid actions per episode) of greedy play on the split's first ``tasks`` tasks, played
+    as the bench evaluates (`agentgym_opd.playing.play_tasks`, the family's parser and system prompt)."""
+    from agentgym_opd.playing import play_tasks
     from agentgym_opd.policy.base import SamplingParams
-    from agentgym_opd.registry import make
-    from agentgym_opd.rollout import RolloutEngine
-    from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
+    from agentgym_opd.registry import env_protocol, make
 
     env_id = f"household/{split}"
-    ids = make(env_id, **(env_args or {}), max_turns=max_turns).task_ids()[:tasks]
-    envs = [make(env_id, **(env_args or {}), max_turns=max_turns) for _ in ids]
-    engine = RolloutEngine(MistakenPolicy(policy, rate), SamplingParams(max_new_tokens=16, temperature=0.0),
-                           system_prompt=DEFAULT_SYSTEM_PROMPT)
-    episodes = engine.collect(envs, ids, seed=0).episodes
+    overrides = {**(env_args or {}), "max_turns": max_turns}
+    probe = make(env_id, **overrides)
+    ids = probe.task_ids()[:tasks]
+    probe.close()
+    protocol = env_protocol(env_id)
+    episodes = play_tasks(MistakenPolicy(policy, rate), env_id, ids,
+                          sampling=SamplingParams(max_new_tokens=16, temperature=0.0),
+                          action_parser=protocol.action_parser, system_prompt=protocol.system_prompt,
+                          batch_size=len(ids), max_context_tokens=4096, env_kwargs=overrides)
     errors = sum(t.error is not None for e in episodes for t in e.turns)
     return sum(e.success for e in episodes) / len(episodes), errors / len(episodes)
 
