@@ -825,7 +825,7 @@ def base_label(spec: Any) -> str:
     """How records name a base model: its role, size, training steps and share of episodes with mistakes (the
     cache key is in the folder name)."""
     label = f"household-{spec.name}-{spec.hidden}x{spec.layers}-{spec.steps}steps"
-    return label + (f"-mistakes{round(100 * spec.mistake_share)}" if getattr(spec, "mistake_share", 0) else "")
+    return label + (f"-mistakes{round(100 * spec.mistake_share)}" if spec.mistake_share else "")
 
 
 def pooled_outcomes(jobs: list[Any], outcomes: list[JobOutcome]) -> dict[str, dict[str, dict[tuple[int, str], float]]]:
