@@ -1,0 +1,97 @@
+"""Does an OPD step move the student toward its teacher, and does that make the student better?
+
+Two questions get mixed up when on-policy distillation shows no gain: is the loss doing its job (the student's
+next-token distribution gets closer to the teacher's), and does closer mean more successful? This probe
+answers the first on its own. It samples the student's rollouts on two disjoint slices of the train split
+(one to train on, one fresh), then takes OPD update steps on the first and after each reports, on both:
+
+* the mean reverse KL(student || teacher) per agent token, the teacher reading exactly the student's tokens
+  (OPD's own view of a batch, computed here independently of the algorithm's code);
+* the share of agent tokens where the two models' most likely next token is the same.
+
+Falling KL on the trained batch checks the update; falling KL and rising agreement on the fresh rollouts
+check that it generalises. Greedy success is the bench's business (`agentgym-opd bench --algos opd`):
+
+    python -m evaluation.distill_probe STUDENT_MODEL TEACHER_MODEL --lr 1e-4 --steps 6
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+
+
+def divergence_to_teacher(student: Any, teacher: Any, batch: Any) -> tuple[float, float]:
+    """(mean reverse KL(student || teacher) over the batch's agent tokens, share of those tokens where the
+    two models' argmax agree). Both models score the batch's own ids with its attention mask."""
+    with torch.no_grad():
+        ids, attention = batch.input_ids, batch.attention_mask
+        s = torch.log_softmax(student.model(input_ids=ids, attention_mask=attention).logits[:, :-1].float(), -1)
+        t = torch.log_softmax(teacher.model(input_ids=ids, attention_mask=attention).logits[:, :-1].float(), -1)
+        agent = batch.loss_mask[:, 1:].bool()
+        kl = (s.exp() * (s - t)).sum(-1)[agent]
+        agree = (s.argmax(-1) == t.argmax(-1))[agent].float()
+    return float(kl.mean()), float(agree.mean())
+
+
+def probe(student: Any, teacher: Any, *, lr: float, steps: int, env_args: dict[str, Any] | None = None,
+          tasks: int = 8, temperature: float = 1.0, max_turns: int = 30, seed: int = 0) -> list[dict[str, float]]:
+    """One row per point (step 0 = before any update): KL and agreement on the trained and on fresh rollouts,
+    and OPD's own loss at that step (equal to the trained batch's KL before the step)."""
+    from agentgym_opd.policy.base import SamplingParams
+    from agentgym_opd.registry import env_protocol, make
+    from agentgym_opd.rollout import RolloutEngine
+    from algorithms.opd import OPD
+
+    env_id = "household/train"
+    overrides = {**(env_args or {}), "max_turns": max_turns}
+    envs = [make(env_id, **overrides) for _ in range(tasks)]
+    ids = envs[0].task_ids()
+    protocol = env_protocol(env_id)
+    engine = RolloutEngine(student, SamplingParams(max_new_tokens=16, temperature=temperature), max_context_tokens=4096,
+                           system_prompt=protocol.system_prompt, action_parser=protocol.action_parser)
+    trained = engine.collect(envs, ids[:tasks], seed=seed)
+    fresh = engine.collect(envs, ids[tasks:2 * tasks], seed=seed + 1)
+    for env in envs:
+        env.close()
+    algo = OPD(None, student, teacher, optimizer=torch.optim.AdamW(student.model.parameters(), lr=lr))
+    rows = []
+    for step in range(steps + 1):
+        kl_t, agree_t = divergence_to_teacher(student, teacher, trained)
+        kl_f, agree_f = divergence_to_teacher(student, teacher, fresh)
+        row = {"step": step, "kl_trained": kl_t, "agree_trained": agree_t, "kl_fresh": kl_f, "agree_fresh": agree_f}
+        if step < steps:
+            row["opd_loss"] = algo.update(trained)["loss"]
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    from agentgym_opd.policy.hf import HFPolicy
+    from evaluation import base_models
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("student", help="the student's model folder (e.g. a base model's .../model)")
+    parser.add_argument("teacher", help="the teacher's model folder (same tokenizer)")
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--tasks", type=int, default=8, help="rollouts per slice (trained / fresh)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    student, teacher = HFPolicy.from_pretrained(args.student), HFPolicy.from_pretrained(args.teacher)
+    rows = probe(student, teacher, lr=args.lr, steps=args.steps, tasks=args.tasks, seed=args.seed,
+                 env_args=base_models.base_env_args(base_models.STUDENT_SPEC))
+    print("| step | OPD loss | KL, trained batch | agreement, trained | KL, fresh rollouts | agreement, fresh |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        loss = f"{r['opd_loss']:.4f}" if "opd_loss" in r else ""
+        print(f"| {r['step']} | {loss} | {r['kl_trained']:.4f} | {r['agree_trained']:.3f} | {r['kl_fresh']:.4f} | "
+              f"{r['agree_fresh']:.3f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
