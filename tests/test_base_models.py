@@ -45,12 +45,14 @@ def test_plain_episodes_follow_the_observable_expert_and_context_episodes_use_th
 
 def test_settings_added_later_change_the_key_only_when_set():
     """A cached model keeps its key when a later field is left unset; setting it always makes a new key."""
-    plain = dataclasses.asdict(STUDENT_SPEC)
+    older = dataclasses.replace(STUDENT_SPEC, steps=850, context_weights=None)  # the bench's student until 2026-12-05
+    plain = dataclasses.asdict(older)
     assert "mistake_share" in plain and "context_weights" in plain
-    keys = {STUDENT_SPEC.key(), dataclasses.replace(STUDENT_SPEC, mistake_share=0.5).key(),
-            dataclasses.replace(STUDENT_SPEC, context_weights=(0.8, 0.1, 0.1)).key()}
+    keys = {older.key(), dataclasses.replace(older, mistake_share=0.5).key(),
+            dataclasses.replace(older, context_weights=(0.8, 0.1, 0.1)).key()}
     assert len(keys) == 3
-    assert STUDENT_SPEC.key() == "b3cbf30e04"  # the cached 850-step student of the bench (built before both fields)
+    assert older.key() == "b3cbf30e04"  # its cache key from before both fields existed
+    assert STUDENT_SPEC.key() == "58398ef161"  # the bench's student, cached under this key since 2026-12-04
     kinds = [choose_kind(random.Random(i), 1.0, (1.0, 0.0, 0.0)) for i in range(50)]
     assert set(kinds) == {"walkthrough"}
 
