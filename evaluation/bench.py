@@ -86,12 +86,12 @@ UNSEEN_NAMES = ("valid_unseen", "unseen", "test")
 SECONDS_PER_EXPERT_EPISODE = 0.12
 SECONDS_PER_ROLLOUT_EPISODE = 0.9
 SECONDS_PER_EVAL_EPISODE = 0.45
-# the household base pair (30-turn episodes with the status line; CPU seconds of one process, one torch thread,
-# beside another job), fitted to the bench at its defaults on 2026-12-04 (1200 s wall, 2 workers; the 850-step
-# student with the pair's own tokenizer): an algorithm job averaged 81 s (GRPO 69 s: 18 s for 16 updates of
-# 4 rollout episodes, 51 s for 360 greedy episodes), the three reference jobs 415 s for 1896 episodes
-SECONDS_PER_EVAL_EPISODE_BASE = 0.17
-SECONDS_PER_ROLLOUT_EPISODE_BASE = 0.35
+# the household base pair (20-turn episodes with the status line; CPU seconds of one process, one torch thread,
+# beside another job), fitted to the bench at its defaults on 2026-12-05 (804 s wall, 2 workers; the 1200-step
+# student): both per-episode costs of the 30-turn fit of 2026-12-04 scaled by 804 / 1164, the wall time over
+# what they forecast (an algorithm job took 34-100 s, the three reference jobs 55-80 s)
+SECONDS_PER_EVAL_EPISODE_BASE = 0.117
+SECONDS_PER_ROLLOUT_EPISODE_BASE = 0.242
 
 
 class BenchError(ValueError):
