@@ -265,7 +265,7 @@ def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
         "--env-arg", "num_tasks=2", "--output-dir", "runs/my_opd", "--no-progress",
         "train.steps=2", "rollout.tasks_per_step=2", "rollout.max_turns=4", "rollout.max_new_tokens=8")
     command = ["eval", "--policy", "runs/my_opd", "--env", "household/valid_unseen", "--episodes", "4",
-               "--max-new-tokens", "16", "--max-turns", "30", "--env-arg", "status_line=true",
+               "--max-new-tokens", "16", "--max-turns", "20", "--env-arg", "status_line=true",
                "--env-arg", "goal_in_view=true", "--env-arg", "turn_counter=true", "--device", "cpu", "--no-progress"]
     cli(*command, "--out", "rec.json")
     cli("leaderboard", "stamp", "rec.json", "--command", " ".join(["agentgym-opd", *command]))
@@ -275,7 +275,7 @@ def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
     assert record["algorithm"] == "my_opd" and record["budget"]["rollout_episodes"] == 4  # 2 steps x 2 tasks
     md = (tmp_path / "lb" / "LEADERBOARD.md").read_text()
     row = next(line for line in md.splitlines() if "| my_opd [" in line and line.startswith("| ") and line[2].isdigit())
-    assert " * " not in row  # greedy, 16 tokens, 30 turns, text parser: the bench's protocol, so not marked
+    assert " * " not in row  # greedy, 16 tokens, 20 turns, text parser: the bench's protocol, so not marked
     assert "my_opd" in (tmp_path / "lb" / "index.html").read_text()
     again = cli("leaderboard", "reproduce", "rec.json")
     assert "same numbers" in again.stdout
