@@ -166,7 +166,7 @@ class BenchSettings:
     @classmethod
     def full(cls, **changes: Any) -> "BenchSettings":
         """The defaults. The SFT path (``base_models="off"``) keeps its own sizes, 10 turns and 8 episodes per
-        held-out split: the base pair's 30 turns and 100 episodes per seed cost hours on 2 cores and only pay
+        held-out split: the base pair's 20 turns and 100 episodes per seed cost hours on 2 cores and only pay
         once a student can solve held-out tasks."""
         settings = cls(**changes)
         if not uses_base_models(settings):
