@@ -11,7 +11,7 @@ algorithm, ready for README and for `--algo-set` / the bench's per-algorithm def
     python scripts/sweep_bench.py --quick --algos opd                              # smoke
 
 Cost: points x seeds bench runs per algorithm; with the defaults below 3 lr x 2 temperatures x up to 2
-knob values = 12 points per algorithm. Run it where CPU time is plentiful; it writes after every point,
+knob values = 12 points per algorithm (OPD: 3 divergences, 18). Run it where CPU time is plentiful; it writes after every point,
 so an interrupted sweep keeps what it measured.
 """
 
@@ -30,7 +30,7 @@ TEMPERATURES = (0.5, 1.0)
 MAIN_KNOBS: dict[str, dict[str, tuple]] = {
     "sft": {"algo.context_fraction": (0.0, 0.5)},
     "grpo": {"algo.kl_coef": (0.0, 0.01)},
-    "opd": {"algo.divergence": ("reverse_kl", "jsd")},
+    "opd": {"algo.divergence": ("reverse_kl", "forward_kl", "jsd")},
     "opsd": {"algo.teacher": ("frozen", "ema")},
     "sdpo": {"algo.distill_weight": (1.0, 0.5)},
     "vpd": {"algo.beta": (0.1, 0.5)},
