@@ -878,7 +878,7 @@ def paired_comparisons(pooled: dict[str, dict[str, dict[tuple[int, str], float]]
 
 
 def format_paired(comparisons: list[dict[str, Any]], order: list[str]) -> str:
-    """Paired differences (mean +- 95% half-width; * = the interval excludes 0), one block per baseline."""
+    """Paired differences (mean [95% interval]; * = the interval excludes 0), one block per baseline."""
     from evaluation.bench_stats import format_difference
 
     blocks = []
@@ -894,7 +894,7 @@ def format_paired(comparisons: list[dict[str, Any]], order: list[str]) -> str:
         widths = [max(len(r[i]) for r in [head, *lines]) for i in range(len(head))]
         fmt = lambda r: "  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip()  # noqa: E731
         blocks.append("\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, lines)]))
-    return "\n\n".join(blocks) + "\n(* the 95% interval of the paired difference excludes 0)"
+    return "\n\n".join(blocks) + "\n(* the 95% interval of the paired difference excludes 0; success: exact, from the discordant pairs)"
 
 
 def format_table(summary: list[dict[str, Any]], failures: dict[str, str], env_ids: list[str], order: list[str],

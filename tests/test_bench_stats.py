@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from evaluation.bench_stats import format_difference, paired_difference, proportion_cell, wilson_interval
+from evaluation.bench_stats import (binomial_cdf, clopper_pearson, format_difference, mcnemar_exact_p, paired_difference,
+                                    proportion_cell, wilson_interval)
 
 
 def test_wilson_interval_matches_the_textbook_values():
@@ -31,3 +32,36 @@ def test_paired_difference_uses_only_shared_keys_and_flags_a_clear_gain():
     assert same["mean"] == 0.0 and not same["significant"]
     assert paired_difference({(0, "x"): 1.0}, {(0, "x"): 0.0}) is None  # one pair: no interval
     assert format_difference(diff).endswith("*") and format_difference(None) == "-"
+
+
+def test_clopper_pearson_matches_the_textbook_values():
+    low, high = clopper_pearson(3, 10)  # R: binom.test(3, 10)$conf.int
+    assert math.isclose(low, 0.06673951, abs_tol=1e-6) and math.isclose(high, 0.65245285, abs_tol=1e-6)
+    assert clopper_pearson(0, 4)[0] == 0.0 and math.isclose(clopper_pearson(0, 4)[1], 0.6023646, abs_tol=1e-6)
+    assert math.isclose(mcnemar_exact_p(0, 4), 0.125) and mcnemar_exact_p(0, 0) == 1.0
+    assert math.isclose(binomial_cdf(150, 300, 0.5), 0.5230, abs_tol=1e-4)  # large m: no overflow
+
+
+def test_a_few_one_way_discordant_pairs_are_not_significant():
+    """The LOPD case of the bench: 4 of 300 episodes lost, none won. A normal interval on the mean of the
+    differences (-0.013 +- 0.013) called it significant; the exact test does not (p = 0.125)."""
+    keys = [(s, f"t{i}") for s in range(3) for i in range(100)]
+    base = {k: float(i % 3 == 0) for i, k in enumerate(keys)}
+    worse = dict(base)
+    for k in [k for k in keys if base[k] == 1.0][:4]:
+        worse[k] = 0.0
+    diff = paired_difference(worse, base)
+    assert diff["discordant"] == 4 and math.isclose(diff["mean"], -4 / 300)
+    assert math.isclose(diff["p_value"], 0.125) and not diff["significant"]
+    assert diff["low"] < 0 < diff["high"] and diff["high"] < 0.01  # one-way: almost all the interval below 0
+    clear = dict(base)
+    for k in [k for k in keys if base[k] == 1.0][:20]:
+        clear[k] = 0.0
+    assert paired_difference(clear, base)["significant"] and paired_difference(clear, base)["p_value"] < 1e-5
+
+
+def test_scores_keep_the_normal_interval():
+    a = {(0, f"t{i}"): 0.5 + 0.01 * i for i in range(30)}
+    b = {(0, f"t{i}"): 0.5 for i in range(30)}
+    diff = paired_difference(a, b)
+    assert diff["method"] == "normal" and math.isclose(diff["high"] - diff["mean"], diff["mean"] - diff["low"])
