@@ -65,6 +65,9 @@ def test_the_bench_defaults_hold_a_swept_lr_for_every_registered_algorithm():
         lrs = [o for o in run_overrides(base, algo, seed=0, run_dir=Path("r"), student="s", teacher="t",
                                         needs_teacher=True, needs_groups=False) if o.startswith("train.lr=")]
         assert lrs[-1] == tuned[0]
+        every = run_overrides(base, algo, seed=0, run_dir=Path("r"), student="s", teacher="t", needs_teacher=True,
+                              needs_groups=False)
+        assert all(knob in every for knob in tuned[1:])  # a swept knob (e.g. OPD's divergence) reaches the run
         lrs = [o for o in run_overrides(off, algo, seed=0, run_dir=Path("r"), student="s", teacher="t",
                                         needs_teacher=True, needs_groups=False) if o.startswith("train.lr=")]
         assert lrs == [f"train.lr={off.lr}"]  # the older path keeps its shared lr
