@@ -79,11 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--tasks", type=int, default=8, help="rollouts per slice (trained / fresh)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-turns", type=int, default=30,
+                        help="turn limit per episode (30: README's figures; the bench plays 20, BenchSettings.max_turns)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     student, teacher = HFPolicy.from_pretrained(args.student), HFPolicy.from_pretrained(args.teacher)
     rows = probe(student, teacher, lr=args.lr, steps=args.steps, tasks=args.tasks, seed=args.seed,
-                 env_args=base_models.base_env_args(base_models.STUDENT_SPEC))
+                 env_args=base_models.base_env_args(base_models.STUDENT_SPEC), max_turns=args.max_turns)
     print("| step | OPD loss | KL, trained batch | agreement, trained | KL, fresh rollouts | agreement, fresh |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -86,13 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", default="valid_seen", choices=("train", "valid_seen", "valid_unseen"))
     parser.add_argument("--tasks", type=int, default=60)
     parser.add_argument("--rates", default="0,0.1,0.25", help="comma list of per-turn mistake probabilities")
+    parser.add_argument("--max-turns", type=int, default=30,
+                        help="turn limit per episode (30: README's figures; the bench plays 20, BenchSettings.max_turns)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     policy = HFPolicy.from_pretrained(args.model)
     env_args = base_models.base_env_args(base_models.STUDENT_SPEC)
     print("| mistake rate | success | invalid actions per episode |\n|---|---|---|")
     for rate in (float(r) for r in args.rates.split(",")):
-        success, errors = success_with_mistakes(policy, rate, split=args.split, tasks=args.tasks, env_args=env_args)
+        success, errors = success_with_mistakes(policy, rate, split=args.split, tasks=args.tasks, env_args=env_args,
+                                                max_turns=args.max_turns)
         print(f"| {rate:g} | {success:.3f} | {errors:.1f} |", flush=True)
     return 0
 
