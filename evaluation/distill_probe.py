@@ -10,9 +10,15 @@ answers the first on its own. It samples the student's rollouts on two disjoint 
 * the share of agent tokens where the two models' most likely next token is the same.
 
 Falling KL on the trained batch checks the update; falling KL and rising agreement on the fresh rollouts
-check that it generalises. Greedy success is the bench's business (`agentgym-opd bench --algos opd`):
+check that it generalises. ``--eval-tasks N`` adds the student's greedy success on the first N tasks of
+`valid_seen` (the bench's seed-0 block) before the first and after the last step, which answers the second
+question at the cost of N episodes per point. ``--states teacher`` trains on rollouts the teacher played
+(the same loss on the teacher's own states: distillation off-policy), the contrast that tells whether the
+states or the signal is at fault when on-policy steps hurt:
 
     python -m evaluation.distill_probe STUDENT_MODEL TEACHER_MODEL --lr 1e-4 --steps 6
+    python -m evaluation.distill_probe S T --lr 3e-4 --steps 16 --tasks 32 --divergence forward_kl \
+        --max-turns 20 --eval-tasks 100 [--states teacher]
 """
 
 from __future__ import annotations
@@ -37,9 +43,11 @@ def divergence_to_teacher(student: Any, teacher: Any, batch: Any) -> tuple[float
 
 
 def probe(student: Any, teacher: Any, *, lr: float, steps: int, env_args: dict[str, Any] | None = None,
-          tasks: int = 8, temperature: float = 1.0, max_turns: int = 30, seed: int = 0) -> list[dict[str, float]]:
+          tasks: int = 8, temperature: float = 1.0, max_turns: int = 30, seed: int = 0, divergence: str = "reverse_kl",
+          states: str = "student", eval_tasks: int = 0) -> list[dict[str, float]]:
     """One row per point (step 0 = before any update): KL and agreement on the trained and on fresh rollouts,
-    and OPD's own loss at that step (equal to the trained batch's KL before the step)."""
+    OPD's own loss at that step (with reverse KL, equal to the trained batch's KL before the step), and with
+    ``eval_tasks`` the student's greedy `valid_seen` success at the first and the last point."""
     from agentgym_opd.policy.base import SamplingParams
     from agentgym_opd.registry import env_protocol, make
     from agentgym_opd.rollout import RolloutEngine
@@ -52,20 +60,46 @@ def probe(student: Any, teacher: Any, *, lr: float, steps: int, env_args: dict[s
     protocol = env_protocol(env_id)
     engine = RolloutEngine(student, SamplingParams(max_new_tokens=16, temperature=temperature), max_context_tokens=4096,
                            system_prompt=protocol.system_prompt, action_parser=protocol.action_parser)
-    trained = engine.collect(envs, ids[:tasks], seed=seed)
+    if states not in ("student", "teacher"):
+        raise ValueError(f"states must be 'student' or 'teacher', got {states!r}")
+    player = student if states == "student" else teacher  # "teacher": the teacher's own play, off-policy
+    trained = RolloutEngine(player, SamplingParams(max_new_tokens=16, temperature=temperature), max_context_tokens=4096,
+                            system_prompt=protocol.system_prompt, action_parser=protocol.action_parser).collect(
+        envs, ids[:tasks], seed=seed)
     fresh = engine.collect(envs, ids[tasks:2 * tasks], seed=seed + 1)
     for env in envs:
         env.close()
-    algo = OPD(None, student, teacher, optimizer=torch.optim.AdamW(student.model.parameters(), lr=lr))
+    algo = OPD({"divergence": divergence}, student, teacher,
+               optimizer=torch.optim.AdamW(student.model.parameters(), lr=lr))
     rows = []
     for step in range(steps + 1):
         kl_t, agree_t = divergence_to_teacher(student, teacher, trained)
         kl_f, agree_f = divergence_to_teacher(student, teacher, fresh)
         row = {"step": step, "kl_trained": kl_t, "agree_trained": agree_t, "kl_fresh": kl_f, "agree_fresh": agree_f}
+        if eval_tasks and step in (0, steps):
+            row["valid_seen_success"] = greedy_success(student, eval_tasks, max_turns, env_args)
         if step < steps:
             row["opd_loss"] = algo.update(trained)["loss"]
         rows.append(row)
     return rows
+
+
+def greedy_success(policy: Any, tasks: int, max_turns: int, env_args: dict[str, Any] | None) -> float:
+    """Greedy success on the first ``tasks`` tasks of the bench's seed-0 `valid_seen` block, played as the bench
+    plays (`agentgym_opd.playing.play_tasks`)."""
+    from agentgym_opd.playing import play_tasks
+    from agentgym_opd.policy.base import SamplingParams
+    from agentgym_opd.registry import env_protocol
+    from evaluation.bench import BenchSettings, eval_task_ids
+
+    env_id = "household/valid_seen"
+    task_ids = eval_task_ids(env_id, BenchSettings(), 0)[:tasks]
+    protocol = env_protocol(env_id)
+    episodes = play_tasks(policy, env_id, task_ids, sampling=SamplingParams(max_new_tokens=16, temperature=0.0),
+                          action_parser=protocol.action_parser, system_prompt=protocol.system_prompt,
+                          batch_size=len(task_ids), max_context_tokens=4096,
+                          env_kwargs={**(env_args or {}), "max_turns": max_turns})
+    return sum(e.success for e in episodes) / len(episodes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,19 +113,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--tasks", type=int, default=8, help="rollouts per slice (trained / fresh)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the trained rollouts")
+    parser.add_argument("--divergence", default="reverse_kl", choices=("reverse_kl", "forward_kl", "jsd"))
+    parser.add_argument("--states", default="student", choices=("student", "teacher"),
+                        help="whose rollouts to train on (student: on-policy, OPD; teacher: its own play)")
+    parser.add_argument("--eval-tasks", type=int, default=0,
+                        help="greedy valid_seen success on this many tasks before and after (0: skip)")
     parser.add_argument("--max-turns", type=int, default=30,
                         help="turn limit per episode (30: README's figures; the bench plays 20, BenchSettings.max_turns)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     student, teacher = HFPolicy.from_pretrained(args.student), HFPolicy.from_pretrained(args.teacher)
     rows = probe(student, teacher, lr=args.lr, steps=args.steps, tasks=args.tasks, seed=args.seed,
-                 env_args=base_models.base_env_args(base_models.STUDENT_SPEC), max_turns=args.max_turns)
+                 env_args=base_models.base_env_args(base_models.STUDENT_SPEC), max_turns=args.max_turns,
+                 temperature=args.temperature, divergence=args.divergence, states=args.states, eval_tasks=args.eval_tasks)
     print("| step | OPD loss | KL, trained batch | agreement, trained | KL, fresh rollouts | agreement, fresh |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         loss = f"{r['opd_loss']:.4f}" if "opd_loss" in r else ""
         print(f"| {r['step']} | {loss} | {r['kl_trained']:.4f} | {r['agree_trained']:.3f} | {r['kl_fresh']:.4f} | "
               f"{r['agree_fresh']:.3f} |", flush=True)
+    for r in rows:
+        if "valid_seen_success" in r:
+            print(f"greedy valid_seen success after {r['step']} steps: {r['valid_seen_success']:.3f}")
     return 0
 
 

@@ -38,3 +38,19 @@ def test_opd_loss_is_the_probes_kl_and_opd_steps_lower_it():
     for row in rows[:-1]:  # the algorithm's loss before a step is the batch's KL measured independently
         assert abs(row["opd_loss"] - row["kl_trained"]) < 1e-4 * max(1.0, row["kl_trained"])
     assert rows[-1]["kl_trained"] < rows[0]["kl_trained"]
+
+
+def test_the_probe_can_train_on_the_teachers_own_play_and_report_greedy_success():
+    student, teacher = _pair()
+    rows = probe(student, teacher, lr=3e-3, steps=2, tasks=2, max_turns=2, divergence="forward_kl", states="teacher",
+                 eval_tasks=2)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert "valid_seen_success" in rows[0] and "valid_seen_success" in rows[-1] and "valid_seen_success" not in rows[1]
+    assert all(0.0 <= r["valid_seen_success"] <= 1.0 for r in (rows[0], rows[-1]))
+    assert all(r["opd_loss"] > 0 for r in rows[:-1])  # forward KL to a different teacher on its own play
+    try:
+        probe(student, teacher, lr=1e-3, steps=1, tasks=1, max_turns=1, states="nobody")
+    except ValueError as err:
+        assert "states must be" in str(err)
+    else:
+        raise AssertionError("an unknown `states` was accepted")
