@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import torch
-
 from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.policy.hf import HFPolicy
 from agentgym_opd.policy.tiny import default_tiny_model
 from agentgym_opd.registry import make
 from agentgym_opd.rollout import RolloutEngine
 from evaluation.distill_probe import divergence_to_teacher, probe
+from tiny_rollouts import perturbed_tiny_teacher
 
 
 def _pair():
-    student = HFPolicy.from_pretrained(default_tiny_model())
-    teacher = HFPolicy.from_pretrained(default_tiny_model())
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in teacher.model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=generator))
-    return student, teacher
+    return HFPolicy.from_pretrained(default_tiny_model()), perturbed_tiny_teacher(0.05)
 
 
 def test_a_model_is_at_zero_divergence_from_itself():

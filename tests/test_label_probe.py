@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import torch
-
 from agentgym_opd.policy.hf import HFPolicy
 from agentgym_opd.policy.tiny import default_tiny_model
 from evaluation.label_probe import CLASSES, probe
+from tiny_rollouts import perturbed_tiny_teacher
 
 
 def test_a_greedy_student_is_its_own_teachers_every_label():
@@ -24,12 +23,7 @@ def test_a_greedy_student_is_its_own_teachers_every_label():
 
 def test_another_teacher_disagrees_somewhere():
     student = HFPolicy.from_pretrained(default_tiny_model())
-    teacher = HFPolicy.from_pretrained(default_tiny_model())
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in teacher.model.parameters():
-            p.add_(0.5 * torch.randn(p.shape, generator=generator))
-    rows = probe(student, teacher, tasks=3, temperature=1.0, max_turns=4)
+    rows = probe(student, perturbed_tiny_teacher(0.5), tasks=3, temperature=1.0, max_turns=4)
     assert min(r["same"] for r in rows.values() if r["turns"]) < 1.0
 
 

@@ -28,3 +28,14 @@ def tiny_household_rollout(*, seed: int, max_turns: int, max_new_tokens: int) ->
                            action_parser=accept_any)
     tasks = agentgym_opd.make(HOUSEHOLD).task_ids()[:2]
     return policy, engine.collect(HOUSEHOLD, tasks, group_size=2, seed=seed, max_turns=max_turns)
+
+
+def perturbed_tiny_teacher(scale: float, seed: int = 0) -> HFPolicy:
+    """The untrained tiny model with seeded Gaussian noise of std ``scale`` on every weight: a teacher that shares
+    the student's tokenizer and differs from it by a known amount."""
+    teacher = HFPolicy.from_pretrained(default_tiny_model())
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in teacher.model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=generator))
+    return teacher
