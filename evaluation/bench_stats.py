@@ -103,7 +103,8 @@ def paired_difference(a: Mapping[tuple, float], b: Mapping[tuple, float], z: flo
     if all(float(a[k]) in (0.0, 1.0) and float(b[k]) in (0.0, 1.0) for k in keys):
         wins, losses = diffs.count(1.0), diffs.count(-1.0)
         m = wins + losses
-        pi_low, pi_high = clopper_pearson(wins, m) if m else (0.5, 0.5)
+        alpha = math.erfc(z / math.sqrt(2))  # the two-sided level that z stands for (0.05 at Z95)
+        pi_low, pi_high = clopper_pearson(wins, m, alpha) if m else (0.5, 0.5)
         low, high = m * (2 * pi_low - 1) / n, m * (2 * pi_high - 1) / n
         p_value = mcnemar_exact_p(wins, losses)
         return {"mean": mean, "low": low, "high": high, "half_width": (high - low) / 2, "n": n,
