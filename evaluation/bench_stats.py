@@ -16,7 +16,8 @@ binomial(m, pi) with pi = 1/2 when the methods are equal. Its Clopper-Pearson in
 difference, is the interval reported, and it excludes 0 exactly when the exact McNemar test rejects at 5%.
 A normal interval on the mean of the differences is far too narrow when m is small: two methods that differ
 on 4 of 300 episodes, all one way, get -0.013 +- 0.013 "significant", where the exact test gives p = 0.125.
-Non-binary outcomes (a score) keep the normal interval on the mean difference.
+When no pair differs the interval is +- the exact upper bound of the discordant share (0 of n), not a
+zero-width one. Non-binary outcomes (a score) keep the normal interval on the mean difference.
 """
 
 from __future__ import annotations
@@ -104,8 +105,12 @@ def paired_difference(a: Mapping[tuple, float], b: Mapping[tuple, float], z: flo
         wins, losses = diffs.count(1.0), diffs.count(-1.0)
         m = wins + losses
         alpha = math.erfc(z / math.sqrt(2))  # the two-sided level that z stands for (0.05 at Z95)
-        pi_low, pi_high = clopper_pearson(wins, m, alpha) if m else (0.5, 0.5)
-        low, high = m * (2 * pi_low - 1) / n, m * (2 * pi_high - 1) / n
+        if m:
+            pi_low, pi_high = clopper_pearson(wins, m, alpha)
+            low, high = m * (2 * pi_low - 1) / n, m * (2 * pi_high - 1) / n
+        else:  # no pair differs: |difference| <= the discordant share, whose exact upper bound at 0 of n is this
+            high = clopper_pearson(0, n, alpha)[1]
+            low = -high
         p_value = mcnemar_exact_p(wins, losses)
         return {"mean": mean, "low": low, "high": high, "half_width": (high - low) / 2, "n": n,
                 "discordant": m, "p_value": p_value, "significant": bool(low > 0 or high < 0),

@@ -28,8 +28,9 @@ def test_paired_difference_uses_only_shared_keys_and_flags_a_clear_gain():
     diff = paired_difference(a, b)
     assert diff["n"] == 60 and math.isclose(diff["mean"], 40 / 60)
     assert diff["significant"] and diff["low"] > 0
-    same = paired_difference(b, b)
+    same = paired_difference(b, b)  # no pair differs: an honest width, not zero
     assert same["mean"] == 0.0 and not same["significant"]
+    assert math.isclose(same["high"], 1 - 0.025 ** (1 / 60), abs_tol=1e-6) and same["low"] == -same["high"]
     assert paired_difference({(0, "x"): 1.0}, {(0, "x"): 0.0}) is None  # one pair: no interval
     assert format_difference(diff).endswith("*") and format_difference(None) == "-"
 
