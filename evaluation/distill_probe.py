@@ -52,21 +52,23 @@ def probe(student: Any, teacher: Any, *, lr: float, steps: int, env_args: dict[s
     from agentgym_opd.registry import env_protocol, make
     from agentgym_opd.rollout import RolloutEngine
     from algorithms.opd import OPD
+    from evaluation.mistake_probe import success_with_mistakes
 
     env_id = "household/train"
     overrides = {**(env_args or {}), "max_turns": max_turns}
     envs = [make(env_id, **overrides) for _ in range(tasks)]
     ids = envs[0].task_ids()
     protocol = env_protocol(env_id)
-    engine = RolloutEngine(student, SamplingParams(max_new_tokens=16, temperature=temperature), max_context_tokens=4096,
-                           system_prompt=protocol.system_prompt, action_parser=protocol.action_parser)
     if states not in ("student", "teacher"):
         raise ValueError(f"states must be 'student' or 'teacher', got {states!r}")
+
+    def engine(policy: Any) -> RolloutEngine:
+        return RolloutEngine(policy, SamplingParams(max_new_tokens=16, temperature=temperature), max_context_tokens=4096,
+                             system_prompt=protocol.system_prompt, action_parser=protocol.action_parser)
+
     player = student if states == "student" else teacher  # "teacher": the teacher's own play, off-policy
-    trained = RolloutEngine(player, SamplingParams(max_new_tokens=16, temperature=temperature), max_context_tokens=4096,
-                            system_prompt=protocol.system_prompt, action_parser=protocol.action_parser).collect(
-        envs, ids[:tasks], seed=seed)
-    fresh = engine.collect(envs, ids[tasks:2 * tasks], seed=seed + 1)
+    trained = engine(player).collect(envs, ids[:tasks], seed=seed)
+    fresh = engine(student).collect(envs, ids[tasks:2 * tasks], seed=seed + 1)
     for env in envs:
         env.close()
     algo = OPD({"divergence": divergence}, student, teacher,
@@ -76,30 +78,13 @@ def probe(student: Any, teacher: Any, *, lr: float, steps: int, env_args: dict[s
         kl_t, agree_t = divergence_to_teacher(student, teacher, trained)
         kl_f, agree_f = divergence_to_teacher(student, teacher, fresh)
         row = {"step": step, "kl_trained": kl_t, "agree_trained": agree_t, "kl_fresh": kl_f, "agree_fresh": agree_f}
-        if eval_tasks and step in (0, steps):
-            row["valid_seen_success"] = greedy_success(student, eval_tasks, max_turns, env_args)
+        if eval_tasks and step in (0, steps):  # the split's first tasks = the bench's seed-0 block
+            row["valid_seen_success"] = success_with_mistakes(student, 0.0, split="valid_seen", tasks=eval_tasks,
+                                                              env_args=env_args, max_turns=max_turns)[0]
         if step < steps:
             row["opd_loss"] = algo.update(trained)["loss"]
         rows.append(row)
     return rows
-
-
-def greedy_success(policy: Any, tasks: int, max_turns: int, env_args: dict[str, Any] | None) -> float:
-    """Greedy success on the first ``tasks`` tasks of the bench's seed-0 `valid_seen` block, played as the bench
-    plays (`agentgym_opd.playing.play_tasks`)."""
-    from agentgym_opd.playing import play_tasks
-    from agentgym_opd.policy.base import SamplingParams
-    from agentgym_opd.registry import env_protocol
-    from evaluation.bench import BenchSettings, eval_task_ids
-
-    env_id = "household/valid_seen"
-    task_ids = eval_task_ids(env_id, BenchSettings(), 0)[:tasks]
-    protocol = env_protocol(env_id)
-    episodes = play_tasks(policy, env_id, task_ids, sampling=SamplingParams(max_new_tokens=16, temperature=0.0),
-                          action_parser=protocol.action_parser, system_prompt=protocol.system_prompt,
-                          batch_size=len(task_ids), max_context_tokens=4096,
-                          env_kwargs={**(env_args or {}), "max_turns": max_turns})
-    return sum(e.success for e in episodes) / len(episodes)
 
 
 def main(argv: list[str] | None = None) -> int:
