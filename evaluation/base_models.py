@@ -75,12 +75,19 @@ class BaseModelSpec:
     mistake_share: float = 0.0
     # how the context episodes divide among CONTEXT_KINDS (walkthrough, sibling, feedback); None: CONTEXT_WEIGHTS
     context_weights: tuple[float, float, float] | None = None
+    # share of the episodes without context that open with a student's own turns (`history_model`'s sampled
+    # rollout of the task, cut at a random turn; masked out of the loss) and go on with the observable
+    # expert's `continuation` from the state the student left (DAgger's labels on the student's states)
+    history_share: float = 0.0
+    history_model: "BaseModelSpec | None" = None
 
     def key(self) -> str:
         settings = dataclasses.asdict(self)
-        for later in ("mistake_share", "context_weights"):  # added later: unset, they leave cached models' keys
-            if not settings[later]:
+        for later in ("mistake_share", "context_weights", "history_share", "history_model"):  # added later: unset,
+            if not settings[later]:  # they leave cached models' keys
                 del settings[later]
+        if self.history_model is not None:
+            settings["history_model"] = self.history_model.key()
         return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -152,7 +159,7 @@ def build_base_model(spec: BaseModelSpec, out: Path, *, progress: bool = True) -
     tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
     policy = HFPolicy(model, tokenizer)
-    examples = training_examples(policy, spec)
+    examples = training_examples(policy, spec, progress=progress)
     train_on_examples(model, examples, spec, progress=progress)
     model.eval()
     model.save_pretrained(out)
@@ -273,7 +280,8 @@ def choose_kind(rng: random.Random, share: float, weights: tuple[float, ...] | N
     return rng.choices(CONTEXT_KINDS, weights=weights or CONTEXT_WEIGHTS)[0]
 
 
-def training_examples(policy: Any, spec: BaseModelSpec, *, env_id: str = TRAIN_ENV) -> list[tuple[list[int], list[int]]]:
+def training_examples(policy: Any, spec: BaseModelSpec, *, env_id: str = TRAIN_ENV,
+                      progress: bool = False) -> list[tuple[list[int], list[int]]]:
     """One expert episode per task of ``env_id`` (its first ``spec.train_tasks``), context per ``choose_kind``.
     Another split than train only for measuring a model (`evaluation.base_model_probe`), never to train one."""
     from agentgym_opd.policy.base import SamplingParams
@@ -286,7 +294,8 @@ def training_examples(policy: Any, spec: BaseModelSpec, *, env_id: str = TRAIN_E
     scratch = make(env_id, **base_env_args(spec), num_tasks=spec.train_tasks, max_turns=spec.max_turns)
     rng = random.Random(f"base-model-data/{spec.seed}")
     mistake_rng = random.Random(f"base-model-mistakes/{spec.seed}")  # apart: mistake_share 0 keeps the old data
-    examples = []
+    history_rng = random.Random(f"base-model-histories/{spec.seed}")  # apart: history_share 0 likewise
+    plans = []  # (task id, context, actions, turns masked out of the loss), or a task id awaiting a student's turns
     for task_id in env.task_ids():
         task = env.get_task(task_id)
         kind = choose_kind(rng, spec.context_share, spec.context_weights)
@@ -294,8 +303,19 @@ def training_examples(policy: Any, spec: BaseModelSpec, *, env_id: str = TRAIN_E
         if len(actions) > spec.max_turns:  # 1 train task in 2000 (a lamp found only after a full round)
             continue
         mistakes: set[int] = set()
+        if spec.history_share and kind == "none" and history_rng.random() < spec.history_share:
+            plans.append(task_id)
+            continue
         if spec.mistake_share and kind != "walkthrough" and mistake_rng.random() < spec.mistake_share:
             actions, mistakes = with_mistakes(scratch, task, actions, mistake_rng, spec.max_turns)
+        plans.append((task_id, context, actions, mistakes))
+    waiting = [p for p in plans if isinstance(p, str)]
+    if waiting:
+        histories = student_turns(spec, env_id, waiting, progress=progress)
+        plans = [p if not isinstance(p, str) else after_student(scratch, env.get_task(p), histories[p], history_rng,
+                                                                spec.max_turns) for p in plans]
+    examples = []
+    for task_id, context, actions, mistakes in plans:
         longest = max(len(policy.tokenizer.encode(a, add_special_tokens=False)) for a in actions)
         engine = RolloutEngine(ScriptedPolicy(ScriptAgent(actions), like=policy), SamplingParams(max_new_tokens=longest + 1),
                                system_prompt=DEFAULT_SYSTEM_PROMPT, action_parser="text")
@@ -308,6 +328,60 @@ def training_examples(policy: Any, spec: BaseModelSpec, *, env_id: str = TRAIN_E
                                                                       batch.turn_index[0, :n].tolist())]
         examples.append((batch.input_ids[0, :n].tolist(), mask))
     return examples
+
+
+HISTORY_TURNS = 20  # the bench's turn limit (BenchSettings.max_turns): the student's rollouts are the bench's
+HISTORY_TEMPERATURE = 1.0  # ... and sampled as its training rollouts are
+
+
+def student_turns(spec: BaseModelSpec, env_id: str, task_ids: list[str], *, progress: bool = False) -> dict[str, list[str]]:
+    """The actions of ``spec.history_model`` (built first if not cached) in one sampled rollout of each task, as
+    on-policy training samples them (temperature 1, the bench's turn limit, the env family's parser)."""
+    from tqdm import tqdm
+
+    from agentgym_opd.playing import play_tasks
+    from agentgym_opd.policy.base import SamplingParams
+    from agentgym_opd.policy.hf import HFPolicy
+    from agentgym_opd.registry import env_protocol
+
+    if spec.history_model is None:
+        raise ValueError(f"base model spec {spec.name!r} has history_share {spec.history_share} but no history_model")
+    student = HFPolicy.from_pretrained(str(ensure_base_model(spec.history_model, progress=progress)))
+    protocol = env_protocol(env_id)
+    bar = tqdm(total=len(task_ids), desc=f"{spec.history_model.name} rollouts for {spec.name}", unit="episode",
+               disable=not progress)
+    episodes = play_tasks(student, env_id, task_ids, sampling=SamplingParams(max_new_tokens=16, temperature=HISTORY_TEMPERATURE),
+                          action_parser=protocol.action_parser, system_prompt=protocol.system_prompt, batch_size=32,
+                          max_context_tokens=4096, seed=spec.seed, on_episode=lambda i, e: bar.update(1),
+                          env_kwargs={**base_env_args(spec.history_model), "max_turns": HISTORY_TURNS})
+    bar.close()
+    return {task_id: [turn.action for turn in episode.turns] for task_id, episode in zip(task_ids, episodes)}
+
+
+def after_student(env: Any, task: Any, student: list[str], rng: random.Random, max_turns: int
+                  ) -> tuple[str, None, list[str], set[int]]:
+    """(task id, no context, actions, masked turns): the student's first k turns (k uniform over the turns it
+    played before it ended, at least one), then the observable expert's `continuation` from where they left
+    the world. The plain demonstration if the continuation would not fit in ``max_turns``."""
+    from environments.household.expert import continuation
+
+    if not student:
+        return task.id, None, list(task.privileged["demonstration"]), set()
+    env.reset(options={"task_id": task.id})
+    k = rng.randint(1, len(student))
+    done = False
+    for action in student[:k]:
+        _, _, terminated, truncated, _ = env.step(action)
+        done = terminated or truncated
+    if done:  # the student solved it (or ran out of turns) by turn k: its last turn led nowhere new; keep k - 1
+        k -= 1
+        env.reset(options={"task_id": task.id})
+        for action in student[:k]:
+            env.step(action)
+    rest = continuation(env.world, env.checker)
+    if k + len(rest) > max_turns:
+        return task.id, None, list(task.privileged["demonstration"]), set()
+    return task.id, None, student[:k] + rest, set(range(k))
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -58,6 +58,17 @@ class _Actor:
 
 def demonstration(world: World, checker: GoalChecker, max_actions: int = 80) -> list[str]:
     """The observable expert's action texts for the world's task (the world is left in its start state)."""
+    return continuation(world, checker, max_actions)
+
+
+def continuation(world: World, checker: GoalChecker, max_actions: int = 80) -> list[str]:
+    """The observable expert's action texts from the world's current state, whoever brought it there.
+
+    From the start state this is `demonstration`. From a state an agent reached (a student holding the wrong
+    object, standing at a closed drawer, with an unheated mug already at the target) it is what the expert
+    would do next: put down what the task does not need, search on from where the agent stands, treat what
+    is not yet treated. That is the label of an imitation learner asked about a student's own states
+    (DAgger). The world is left as it was."""
     start = world.snapshot()
     try:
         return _solve(_Actor(world, checker, max_actions))
@@ -67,11 +78,12 @@ def demonstration(world: World, checker: GoalChecker, max_actions: int = 80) -> 
 
 def _solve(a: _Actor) -> list[str]:
     w, checker = a.world, a.checker
-    goal_objs, lamps, target = set(checker.objs), set(checker.lamps), checker.target
+    goal_objs, lamps, target, required = set(checker.objs), set(checker.lamps), checker.target, checker.required
 
     def search(wanted: set[int], start: int) -> tuple[int, int]:
         """Walk the ring from `start` (opening closed receptacles) until a wanted object is in view (one already
-        put at the target does not count)."""
+        put at the target does not count, unless a full round found nothing else and it still lacks its
+        treatment: an agent other than the expert put it there too early)."""
         cursor = start
         for _ in range(2 * len(w.r_names)):
             a.go_and_look(cursor)
@@ -79,28 +91,47 @@ def _solve(a: _Actor) -> list[str]:
             if hit is not None:
                 return hit, cursor
             cursor = w.neighbour(cursor)
+        if target >= 0 and required:
+            a.go_and_look(target)
+            hit = next((o for o in w.contents[target] if o in wanted and w.o_state[o] & required != required), None)
+            if hit is not None:
+                return hit, target
         raise RuntimeError(f"observable expert walked the whole room without finding {checker.goal}")
 
+    def put_down() -> None:
+        """The hand holds what the task does not need: put it where the agent stands."""
+        a.go_and_look(w.loc)
+        a.do((PUT, w.held, w.loc))
+
     if checker.goal.task_type == "look_at_obj_in_light":
-        obj, at = search(goal_objs, 0)
-        a.do((TAKE, obj, at))
-        lamp = next((o for o in w.contents[at] if o in lamps), None)
+        if w.held >= 0 and w.held not in goal_objs:
+            put_down()
+        if w.held < 0:
+            obj, _ = search(goal_objs, max(w.loc, 0))
+            a.do((TAKE, obj, w.loc))
+        at = w.loc
+        lamp = next((o for o in w.contents[at] if o in lamps), None) if w.r_open[at] else None
         if lamp is None:
             lamp, at = search(lamps, w.neighbour(at))
-        a.do((USE, lamp, -1))
+        if not a.done():
+            a.do((USE, lamp, -1))
         return a.texts
 
-    treat = _TREAT_OP.get(checker.required, -1)
-    start = 0
+    treat = _TREAT_OP.get(required, -1)
+    start = max(w.loc, 0)  # from the middle of the room: the first receptacle listed
     while not a.done():
-        obj, at = search(goal_objs, start)
-        a.do((TAKE, obj, at))
-        if treat >= 0:
+        if w.held >= 0 and w.held not in goal_objs:
+            put_down()
+        if w.held < 0:
+            obj, at = search(goal_objs, start)
+            a.do((TAKE, obj, at))
+            start = at  # a second object: back to where the first was found, then on around the ring
+        obj = w.held
+        if treat >= 0 and w.o_state[obj] & required != required:
             appliance = next(r for r, op in enumerate(w.r_appliance) if op == treat)
             if w.loc != appliance:
                 a.do((GOTO, appliance, -1))
             a.do((treat, obj, appliance))
         a.go_and_look(target)
         a.do((PUT, obj, target))
-        start = at  # a second object: back to where the first was found, then on around the ring
     return a.texts
