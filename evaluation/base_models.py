@@ -17,6 +17,11 @@ builds the analogue once, offline, as ordinary Hugging Face folders:
 * mistakes (the teacher's `mistake_share`): a share of the episodes that do not copy a walkthrough carry
   invalid commands like a student's in their history, masked out of the loss (`with_mistakes`), because
   on-policy distillation asks the teacher what to do after exactly such turns;
+* the student's own turns (the teacher's `history_share`): a share of the episodes without context open with
+  the student's sampled rollout of the task, cut at a random turn and masked out of the loss, and go on with
+  the observable expert's `continuation` from the state the student left. These are DAgger's labels: the
+  teacher learns the right action on the states on-policy distillation will ask it about, which synthetic
+  mistakes alone do not teach (README, "The teacher is a poor guide on the student's states");
 * the env: the status line restates the task and what is carried, names the wanted object in view, and
   ends with the coming action's number ("Step 4 next."), which is how a numbered plan in context names its
   steps: following a plan becomes a lookup, where a network from scratch cannot count its own turns;
@@ -284,11 +289,7 @@ def training_examples(policy: Any, spec: BaseModelSpec, *, env_id: str = TRAIN_E
                       progress: bool = False) -> list[tuple[list[int], list[int]]]:
     """One expert episode per task of ``env_id`` (its first ``spec.train_tasks``), context per ``choose_kind``.
     Another split than train only for measuring a model (`evaluation.base_model_probe`), never to train one."""
-    from agentgym_opd.policy.base import SamplingParams
     from agentgym_opd.registry import make
-    from agentgym_opd.rollout import RolloutEngine
-    from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
-    from agentgym_opd.policy.scripted import ScriptAgent, ScriptedPolicy
 
     env = make(env_id, **base_env_args(spec), num_tasks=spec.train_tasks, max_turns=spec.max_turns)
     scratch = make(env_id, **base_env_args(spec), num_tasks=spec.train_tasks, max_turns=spec.max_turns)
@@ -316,18 +317,34 @@ def training_examples(policy: Any, spec: BaseModelSpec, *, env_id: str = TRAIN_E
                                                                 spec.max_turns) for p in plans]
     examples = []
     for task_id, context, actions, mistakes in plans:
-        longest = max(len(policy.tokenizer.encode(a, add_special_tokens=False)) for a in actions)
-        engine = RolloutEngine(ScriptedPolicy(ScriptAgent(actions), like=policy), SamplingParams(max_new_tokens=longest + 1),
-                               system_prompt=DEFAULT_SYSTEM_PROMPT, action_parser="text")
-        batch = engine.collect([env], [task_id], seed=0, contexts=[context])
-        episode = batch.episodes[0]
+        example, episode = scripted_example(policy, env, task_id, actions, mistakes, context)
+        if mistakes and not episode.success and episode.metadata.get("context_truncated"):
+            # a student's history of long garbage outgrew the context budget: the plain demonstration instead
+            actions = list(env.get_task(task_id).privileged["demonstration"])
+            example, episode = scripted_example(policy, env, task_id, actions, set(), context)
         if not episode.success:
             raise RuntimeError(f"expert episode of {task_id} did not succeed: the demonstration is broken")
-        n = int(batch.attention_mask[0].sum())
-        mask = [int(m) * int(int(t) not in mistakes) for m, t in zip(batch.loss_mask[0, :n].tolist(),
-                                                                      batch.turn_index[0, :n].tolist())]
-        examples.append((batch.input_ids[0, :n].tolist(), mask))
+        examples.append(example)
     return examples
+
+
+def scripted_example(policy: Any, env: Any, task_id: str, actions: list[str], masked: set[int],
+                     context: str | None = None) -> tuple[tuple[list[int], list[int]], Any]:
+    """((token ids, loss mask), episode) of ``actions`` played on ``env``'s task through the bench's own
+    `RolloutEngine` and chat template; the turns in ``masked`` are left out of the loss."""
+    from agentgym_opd.policy.base import SamplingParams
+    from agentgym_opd.policy.scripted import ScriptAgent, ScriptedPolicy
+    from agentgym_opd.rollout import RolloutEngine
+    from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
+
+    longest = max(len(policy.tokenizer.encode(a, add_special_tokens=False)) for a in actions)
+    engine = RolloutEngine(ScriptedPolicy(ScriptAgent(actions), like=policy), SamplingParams(max_new_tokens=longest + 1),
+                           system_prompt=DEFAULT_SYSTEM_PROMPT, action_parser="text")
+    batch = engine.collect([env], [task_id], seed=0, contexts=[context])
+    n = int(batch.attention_mask[0].sum())
+    mask = [int(m) * int(int(t) not in masked) for m, t in zip(batch.loss_mask[0, :n].tolist(),
+                                                                 batch.turn_index[0, :n].tolist())]
+    return (batch.input_ids[0, :n].tolist(), mask), batch.episodes[0]
 
 
 HISTORY_TURNS = 20  # the bench's turn limit (BenchSettings.max_turns): the student's rollouts are the bench's
@@ -335,25 +352,32 @@ HISTORY_TEMPERATURE = 1.0  # ... and sampled as its training rollouts are
 
 
 def student_turns(spec: BaseModelSpec, env_id: str, task_ids: list[str], *, progress: bool = False) -> dict[str, list[str]]:
-    """The actions of ``spec.history_model`` (built first if not cached) in one sampled rollout of each task, as
-    on-policy training samples them (temperature 1, the bench's turn limit, the env family's parser)."""
-    from tqdm import tqdm
-
-    from agentgym_opd.playing import play_tasks
-    from agentgym_opd.policy.base import SamplingParams
+    """The actions of ``spec.history_model`` (built first if not cached) in one sampled rollout of each task."""
     from agentgym_opd.policy.hf import HFPolicy
-    from agentgym_opd.registry import env_protocol
 
     if spec.history_model is None:
         raise ValueError(f"base model spec {spec.name!r} has history_share {spec.history_share} but no history_model")
     student = HFPolicy.from_pretrained(str(ensure_base_model(spec.history_model, progress=progress)))
+    return sampled_turns(student, env_id, task_ids, env_args=base_env_args(spec.history_model), seed=spec.seed,
+                         progress=progress, desc=f"{spec.history_model.name} rollouts for {spec.name}")
+
+
+def sampled_turns(policy: Any, env_id: str, task_ids: list[str], *, env_args: dict[str, Any], seed: int = 0,
+                  progress: bool = False, desc: str = "rollouts") -> dict[str, list[str]]:
+    """The policy's actions in one rollout of each task, sampled as on-policy training samples them
+    (temperature 1, the bench's turn limit, the env family's parser and system prompt)."""
+    from tqdm import tqdm
+
+    from agentgym_opd.playing import play_tasks
+    from agentgym_opd.policy.base import SamplingParams
+    from agentgym_opd.registry import env_protocol
+
     protocol = env_protocol(env_id)
-    bar = tqdm(total=len(task_ids), desc=f"{spec.history_model.name} rollouts for {spec.name}", unit="episode",
-               disable=not progress)
-    episodes = play_tasks(student, env_id, task_ids, sampling=SamplingParams(max_new_tokens=16, temperature=HISTORY_TEMPERATURE),
+    bar = tqdm(total=len(task_ids), desc=desc, unit="episode", disable=not progress)
+    episodes = play_tasks(policy, env_id, task_ids, sampling=SamplingParams(max_new_tokens=16, temperature=HISTORY_TEMPERATURE),
                           action_parser=protocol.action_parser, system_prompt=protocol.system_prompt, batch_size=32,
-                          max_context_tokens=4096, seed=spec.seed, on_episode=lambda i, e: bar.update(1),
-                          env_kwargs={**base_env_args(spec.history_model), "max_turns": HISTORY_TURNS})
+                          max_context_tokens=4096, seed=seed, on_episode=lambda i, e: bar.update(1),
+                          env_kwargs={**env_args, "max_turns": HISTORY_TURNS})
     bar.close()
     return {task_id: [turn.action for turn in episode.turns] for task_id, episode in zip(task_ids, episodes)}
 

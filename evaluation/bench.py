@@ -204,6 +204,8 @@ class BenchSettings:
         if self.base_train_tasks is not None:
             student = dataclasses.replace(student, train_tasks=self.base_train_tasks)
             teacher = dataclasses.replace(teacher, train_tasks=self.base_train_tasks)
+        if teacher.history_model is not None:  # the teacher learns from this bench's student's own turns
+            teacher = dataclasses.replace(teacher, history_model=student)
         return student, teacher
 
 
@@ -988,8 +990,11 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
                     [SFTJob("warm_start", settings.warm_steps, settings.warm_lr, settings.warm_context_fraction)])
         sft_jobs += [SFTJob("teacher", settings.teacher_steps, settings.teacher_lr, 0.0)] if train_teacher else []
     build_started = time.perf_counter()
+    # a teacher that learns from the student's rollouts needs the student first: then one build after the other
+    dependent = base and train_teacher and teacher_spec.history_model is not None
     trained = {job.name: outcome.model_path for job, outcome in zip(sft_jobs, run_jobs(
-        sft_jobs, JobContext(settings, env_ids, {}), workers=min(workers, len(sft_jobs)), log=log, out=out))}
+        sft_jobs, JobContext(settings, env_ids, {}), workers=1 if dependent else min(workers, len(sft_jobs)),
+        log=log, out=out))}
     base_build_s = time.perf_counter() - build_started if base else 0.0
     if base:
         log(f"base models ready in {base_build_s / 60:.1f} min (a one-time build when not cached; the bench's "

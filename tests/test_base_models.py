@@ -87,6 +87,40 @@ def test_mistakes_are_rejected_by_the_env_and_masked_out_of_the_loss():
         assert trained == [tokens.tokenizer.decode([t for t, m in zip(plain_ids, plain_mask) if m])]
 
 
+def test_student_histories_are_masked_and_the_expert_takes_over_where_the_student_left(tmp_path, monkeypatch):
+    """history_share: the episode opens with a student's own sampled turns (masked out of the loss) and goes on
+    with the observable expert's continuation from that state, which solves the task."""
+    from agentgym_opd.policy.scripted import TemplateTokens
+    from evaluation.base_models import after_student, training_examples
+
+    env = make("household/train", num_tasks=20, max_turns=40)
+    rng = random.Random(5)
+    for task_id in env.task_ids():
+        task = env.get_task(task_id)
+        env.reset(options={"task_id": task_id})
+        student = []  # a student that wanders: admissible commands, typos and invented names
+        for _ in range(rng.randrange(1, 15)):
+            student.append(rng.choice([rng.choice(sorted(env.world.admissible())), "take cup 9 from shelf 7", "go tto desk 1"]))
+            env.step(student[-1])
+        task_id_out, context, actions, masked = after_student(env, task, student, rng, max_turns=40)
+        assert task_id_out == task_id and context is None
+        k = len(masked)
+        assert masked == set(range(k)) and actions[:k] == student[:k] and len(actions) <= 40
+        env.reset(options={"task_id": task_id})
+        for action in actions:
+            *_, terminated, truncated, _ = env.step(action)
+        assert terminated and env.checker.check()[0]
+
+    monkeypatch.setenv("AGENTGYM_OPD_CACHE", str(tmp_path / "cache"))
+    spec = dataclasses.replace(MINI, train_tasks=6, context_share=0.0, history_share=1.0, history_model=MINI)
+    assert spec.key() != MINI.key() != dataclasses.replace(spec, history_model=dataclasses.replace(MINI, steps=3)).key()
+    tokens = TemplateTokens.tiny()
+    examples = training_examples(tokens, spec)  # builds MINI, samples it on each task, raises if one fails
+    plain = training_examples(tokens, dataclasses.replace(spec, history_share=0.0, history_model=None))
+    assert len(examples) == len(plain) == 6
+    assert any(sum(m) < sum(p) or len(ids) > len(p_ids) for (ids, m), (p_ids, p) in zip(examples, plain))
+
+
 def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     import torch
     from safetensors.torch import load_file

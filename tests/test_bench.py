@@ -191,3 +191,20 @@ def test_seeds_reads_a_count_or_a_list_and_names_the_fix_for_seed_zero():
     assert _seeds("3") == [0, 1, 2] and _seeds("0,3") == [0, 3] and _seeds("0,") == [0]
     with pytest.raises(ValueError, match="--seeds 1"):
         _seeds("0")
+
+
+def test_a_teacher_that_learns_from_the_students_turns_learns_from_this_benchs_student(monkeypatch):
+    """--base-steps and --base-train-tasks change the student; a teacher with `history_model` must then learn from
+    that student's rollouts, not from the default student's (and so gets its own cache key)."""
+    import dataclasses
+
+    from evaluation import base_models
+    from evaluation.bench import BenchSettings
+
+    monkeypatch.setattr(base_models, "TEACHER_SPEC", dataclasses.replace(
+        base_models.TEACHER_SPEC, history_share=0.5, history_model=base_models.STUDENT_SPEC))
+    student, teacher = BenchSettings.full(base_models="auto", base_steps=7, base_train_tasks=12).base_specs()
+    assert student.steps == 7 and student.train_tasks == 12 and teacher.history_model == student
+    default_student, default_teacher = BenchSettings.full(base_models="auto").base_specs()
+    assert default_teacher.history_model == default_student == base_models.STUDENT_SPEC
+    assert teacher.key() != default_teacher.key()

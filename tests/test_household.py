@@ -369,6 +369,47 @@ def test_demonstration_replay_succeeds_within_the_turn_limit(envs):
             assert reward == 1.0 and info["success"]
 
 
+def test_the_train_demonstrations_are_the_ones_the_cached_base_models_learned_from():
+    """Every cached base model (`evaluation.base_models`, keyed by its settings, not by this code) was trained on
+    these 2000 demonstrations: a change to the expert must bump BUILD_VERSION, and this pin says so."""
+    import hashlib
+    import json
+
+    env = HouseholdEnv("train")
+    demos = [env.get_task(t).privileged["demonstration"] for t in env.task_ids()]
+    assert hashlib.sha1(json.dumps(demos).encode()).hexdigest() == "23bb547bf15da712050e344b85344cc272d8bfe4"
+
+
+def test_the_expert_resumes_from_any_state_an_agent_leaves():
+    """`continuation` labels a student's own states (DAgger): from the start it is the demonstration; after a
+    random agent's turns (the wrong object in hand, the target shut, an untreated object put at the target)
+    it still solves the task, with only admissible commands, and leaves the world as it found it."""
+    from environments.household.expert import continuation
+
+    rng = random.Random(7)
+    resumed = 0
+    for split in ("train", "valid_unseen"):
+        env = HouseholdEnv(split, num_tasks=60)
+        for task_id in env.task_ids():
+            _, info = env.reset(options={"task_id": task_id})
+            world, checker = env.world, env.checker
+            assert continuation(world, checker) == info["task"].privileged["demonstration"]
+            for _ in range(2):
+                env.reset(options={"task_id": task_id})
+                for _ in range(rng.randrange(1, 25)):
+                    world.apply(rng.choice(list(world.admissible().values())))
+                if checker.check()[0]:
+                    continue
+                before = world.snapshot()
+                actions = continuation(world, checker)
+                assert world.snapshot() == before
+                for action in actions:
+                    world.apply(world.admissible()[action])  # KeyError: not admissible
+                assert checker.check()[0], (task_id, actions)
+                resumed += 1
+    assert resumed > 120
+
+
 def test_demonstration_searches_in_listed_order_and_takes_the_first_object_it_sees(envs):
     """Observable: before its first take the expert visits receptacles in the order the first observation
     lists them, and it never walks past a receptacle where it saw a wanted object (the planner's walkthrough,
