@@ -19,9 +19,9 @@ builds the analogue once, offline, as ordinary Hugging Face folders:
   on-policy distillation asks the teacher what to do after exactly such turns;
 * the student's own turns (the teacher's `history_share`): a share of the episodes without context open with
   the student's sampled rollout of the task, cut at a random turn and masked out of the loss, and go on with
-  the observable expert's `continuation` from the state the student left. These are DAgger's labels: the
-  teacher learns the right action on the states on-policy distillation will ask it about, which synthetic
-  mistakes alone do not teach (README, "The teacher is a poor guide on the student's states");
+  the observable expert's `continuation` from the state the student left: DAgger's labels, on the states
+  on-policy distillation asks the teacher about. Off in the bench's pair (README, "The teacher is a poor
+  guide on the student's states", measures a teacher built so);
 * the env: the status line restates the task and what is carried, names the wanted object in view, and
   ends with the coming action's number ("Step 4 next."), which is how a numbered plan in context names its
   steps: following a plan becomes a lookup, where a network from scratch cannot count its own turns;
