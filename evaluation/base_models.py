@@ -347,10 +347,6 @@ def scripted_example(policy: Any, env: Any, task_id: str, actions: list[str], ma
     return (batch.input_ids[0, :n].tolist(), mask), batch.episodes[0]
 
 
-HISTORY_TURNS = 20  # the bench's turn limit (BenchSettings.max_turns): the student's rollouts are the bench's
-HISTORY_TEMPERATURE = 1.0  # ... and sampled as its training rollouts are
-
-
 def student_turns(spec: BaseModelSpec, env_id: str, task_ids: list[str], *, progress: bool = False) -> dict[str, list[str]]:
     """The actions of ``spec.history_model`` (built first if not cached) in one sampled rollout of each task."""
     from agentgym_opd.policy.hf import HFPolicy
@@ -364,20 +360,22 @@ def student_turns(spec: BaseModelSpec, env_id: str, task_ids: list[str], *, prog
 
 def sampled_turns(policy: Any, env_id: str, task_ids: list[str], *, env_args: dict[str, Any], seed: int = 0,
                   progress: bool = False, desc: str = "rollouts") -> dict[str, list[str]]:
-    """The policy's actions in one rollout of each task, sampled as on-policy training samples them
-    (temperature 1, the bench's turn limit, the env family's parser and system prompt)."""
+    """The policy's actions in one rollout of each task, sampled as the bench's on-policy training samples them
+    (its temperature, turn limit and token budget per action; the env family's parser and system prompt)."""
     from tqdm import tqdm
 
     from agentgym_opd.playing import play_tasks
     from agentgym_opd.policy.base import SamplingParams
     from agentgym_opd.registry import env_protocol
+    from evaluation.bench import BenchSettings
 
     protocol = env_protocol(env_id)
+    sampling = SamplingParams(max_new_tokens=BenchSettings.max_new_tokens, temperature=BenchSettings.temperature)
     bar = tqdm(total=len(task_ids), desc=desc, unit="episode", disable=not progress)
-    episodes = play_tasks(policy, env_id, task_ids, sampling=SamplingParams(max_new_tokens=16, temperature=HISTORY_TEMPERATURE),
+    episodes = play_tasks(policy, env_id, task_ids, sampling=sampling,
                           action_parser=protocol.action_parser, system_prompt=protocol.system_prompt, batch_size=32,
                           max_context_tokens=4096, seed=seed, on_episode=lambda i, e: bar.update(1),
-                          env_kwargs={**env_args, "max_turns": HISTORY_TURNS})
+                          env_kwargs={**env_args, "max_turns": BenchSettings.max_turns})
     bar.close()
     return {task_id: [turn.action for turn in episode.turns] for task_id, episode in zip(task_ids, episodes)}
 
