@@ -192,3 +192,17 @@ def test_lora_student_builds_a_composer_and_trains_it(tmp_path):
     metrics = algo.update(batch)
     assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["masked_fraction"] < 1.0
     assert not torch.equal(queries, algo.composer.compressor.queries.detach())
+
+
+def test_a_bank_without_a_folder_is_scratch_and_deleted_with_its_algorithm(setup):
+    """No bank_path and no run folder: the bank lives in a temporary folder that goes when the algorithm does."""
+    import gc
+
+    policy, batch, _ = setup
+    algo = LOPD({"embedder": "hashing"}, policy)
+    algo.bank.add(Experience(ENV, "t1", "put a mug in the fridge", [("open fridge 1", "The fridge is open.")]))
+    folder = algo.bank.path
+    assert folder.name.startswith("lopd_bank_") and any(folder.iterdir())
+    del algo
+    gc.collect()
+    assert not folder.exists()

@@ -32,7 +32,9 @@ Ablations: ``algo.train_composer=false`` (frozen composer), ``algo.margin=false`
 from __future__ import annotations
 
 import copy
+import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -173,7 +175,10 @@ class LOPD(DistillationAlgorithm):
             from experience_bank import ExperienceBank
 
             c = self.config
-            folder = c.bank_path or (f"{self.work_dir}/experience_bank" if self.work_dir else tempfile.mkdtemp(prefix="lopd_bank_"))
+            folder = c.bank_path or (f"{self.work_dir}/experience_bank" if self.work_dir else None)
+            if folder is None:  # no run folder to keep it in: a scratch bank, deleted with this algorithm
+                folder = tempfile.mkdtemp(prefix="lopd_bank_")
+                weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
             if self.dist.world_size > 1:
                 folder = f"{folder}/rank{self.dist.rank}"
             self._bank = ExperienceBank(folder, HashingEmbedder() if c.embedder == "hashing" else SentenceEmbedder())
