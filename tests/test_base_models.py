@@ -11,7 +11,7 @@ from agentgym_opd.distill import CONTEXT_HEADER, privileged_text
 from agentgym_opd.registry import make
 from evaluation.base_models import (
     STUDENT_SPEC, TEACHER_SPEC, BaseModelSpec, build_base_model, choose_kind, context_plan, ensure_base_model,
-    with_mistakes,
+    learning_rate, with_mistakes,
 )
 
 MINI = BaseModelSpec("mini", hidden=16, layers=1, heads=2, steps=2, batch_size=2, warmup_steps=1, train_tasks=6,
@@ -45,16 +45,29 @@ def test_plain_episodes_follow_the_observable_expert_and_context_episodes_use_th
 
 def test_settings_added_later_change_the_key_only_when_set():
     """A cached model keeps its key when a later field is left unset; setting it always makes a new key."""
-    older = dataclasses.replace(STUDENT_SPEC, steps=850, context_weights=None)  # the bench's student until 2026-12-05
+    # an earlier bench student (850 steps)
+    older = dataclasses.replace(STUDENT_SPEC, steps=850, context_weights=None, schedule_steps=None)
     plain = dataclasses.asdict(older)
     assert "mistake_share" in plain and "context_weights" in plain
     keys = {older.key(), dataclasses.replace(older, mistake_share=0.5).key(),
             dataclasses.replace(older, context_weights=(0.8, 0.1, 0.1)).key()}
     assert len(keys) == 3
     assert older.key() == "b3cbf30e04"  # its cache key from before both fields existed
-    assert STUDENT_SPEC.key() == "58398ef161"  # the bench's student, cached under this key since 2026-12-04
+    annealed = dataclasses.replace(STUDENT_SPEC, steps=1200, schedule_steps=None)  # the bench's student before this one
+    assert annealed.key() == "58398ef161"  # its cache key from before schedule_steps existed
+    assert STUDENT_SPEC.key() == "a25d7777da"  # the bench's student since 2026-12-05
     kinds = [choose_kind(random.Random(i), 1.0, (1.0, 0.0, 0.0)) for i in range(50)]
     assert set(kinds) == {"walkthrough"}
+
+
+def test_a_longer_schedule_stops_the_build_before_the_learning_rate_decays():
+    """``schedule_steps`` sets the cosine's length: the build stops partway, its learning rate still high."""
+    spec = BaseModelSpec("s", hidden=8, layers=1, heads=1, steps=1000, lr=1.0, warmup_steps=0)
+    halfway = dataclasses.replace(spec, schedule_steps=2000)
+    assert learning_rate(999, spec) == pytest.approx(0.1, abs=1e-4)  # annealed to a tenth of the peak
+    assert learning_rate(999, halfway) == pytest.approx(0.55, abs=1e-3)  # half the cosine: 0.1 + 0.9 / 2
+    assert learning_rate(0, halfway) == learning_rate(0, spec) == 1.0
+    assert halfway.key() != spec.key()
 
 
 def test_mistakes_are_rejected_by_the_env_and_masked_out_of_the_loss():
