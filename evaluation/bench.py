@@ -140,7 +140,7 @@ class BenchSettings:
     # "off" keeps the older path (an SFT warm start and teacher trained by the bench itself: it memorises 8
     # training tasks and solves no held-out one, so it cannot rank methods on held-out tasks).
     base_models: str = "auto"
-    base_steps: int | None = None  # None: the specs' own (STUDENT_SPEC / TEACHER_SPEC); N: student N, teacher 3N
+    base_steps: int | None = None  # None: the specs' own (STUDENT_SPEC / TEACHER_SPEC); N: the student N, the rest scaled
     base_train_tasks: int | None = None  # None: the specs' own (the whole train split)
     train_eval_episodes: int = 32  # episodes on the training env's own tasks (the `train` row)
     curve_env: str | None = None  # None: the unseen split with base models, else the training env
@@ -197,16 +197,25 @@ class BenchSettings:
         from evaluation.base_models import STUDENT_SPEC, TEACHER_SPEC
 
         student, teacher = STUDENT_SPEC, TEACHER_SPEC
-        if self.base_steps is not None:
-            student = dataclasses.replace(student, steps=self.base_steps, warmup_steps=min(student.warmup_steps, self.base_steps))
-            teacher = dataclasses.replace(teacher, steps=3 * self.base_steps,
-                                          warmup_steps=min(teacher.warmup_steps, 3 * self.base_steps))
+        if self.base_steps is not None:  # the pair's shape kept: the student's schedule, the teacher's ratio
+            scale = self.base_steps / student.steps
+            student, teacher = scaled_steps(student, scale), scaled_steps(teacher, scale)
         if self.base_train_tasks is not None:
             student = dataclasses.replace(student, train_tasks=self.base_train_tasks)
             teacher = dataclasses.replace(teacher, train_tasks=self.base_train_tasks)
         if teacher.history_model is not None:  # the teacher learns from this bench's student's own turns
             teacher = dataclasses.replace(teacher, history_model=student)
         return student, teacher
+
+
+def scaled_steps(spec: Any, scale: float) -> Any:
+    """``spec`` trained ``scale`` times as long, its schedule stretched alike (a student stopped halfway through
+    its schedule stays halfway); the warm-up is capped by the new length."""
+    def scaled(n: int) -> int:
+        return max(1, round(n * scale))
+
+    return dataclasses.replace(spec, steps=scaled(spec.steps), warmup_steps=min(spec.warmup_steps, scaled(spec.steps)),
+                               schedule_steps=scaled(spec.schedule_steps) if spec.schedule_steps else None)
 
 
 def uses_base_models(settings: BenchSettings) -> bool:

@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "base pair (student, larger teacher; built once, ~25 min on 2 cores); off: the older "
                              "SFT warm start and teacher trained by the bench (memorises 8 training tasks)")
     parser.add_argument("--base-steps", type=int, default=None, metavar="N",
-                        help="training steps of the base student (teacher: 3N); default the specs' own")
+                        help="training steps of the base student; its schedule and the teacher's steps scale with it "
+                             "(default: the specs' own)")
     parser.add_argument("--base-train-tasks", type=int, default=None, metavar="N",
                         help="train tasks the base models learn from; default the whole train split")
     parser.add_argument("--publish", action="store_true", help="also add the records to the repo's leaderboard/")

@@ -205,6 +205,9 @@ def test_a_teacher_that_learns_from_the_students_turns_learns_from_this_benchs_s
         base_models.TEACHER_SPEC, history_share=0.5, history_model=base_models.STUDENT_SPEC))
     student, teacher = BenchSettings.full(base_models="auto", base_steps=7, base_train_tasks=12).base_specs()
     assert student.steps == 7 and student.train_tasks == 12 and teacher.history_model == student
+    # the pair's shape is kept: the student stops as far through its schedule, the teacher trains as much longer
+    assert student.schedule_steps / student.steps == base_models.STUDENT_SPEC.schedule_steps / base_models.STUDENT_SPEC.steps
+    assert teacher.steps == round(7 * base_models.TEACHER_SPEC.steps / base_models.STUDENT_SPEC.steps)
     default_student, default_teacher = BenchSettings.full(base_models="auto").base_specs()
     assert default_teacher.history_model == default_student == base_models.STUDENT_SPEC
     assert teacher.key() != default_teacher.key()
