@@ -105,9 +105,8 @@ class BaseModelSpec:
 # The student is a checkpoint halfway through a 2000-step schedule (its learning rate not yet decayed): a weak
 # searcher that reads a plan well (README: at the bench's 20 turns it solves 0.31 of valid_unseen alone and
 # 0.46 with the plan) and, unlike the same network annealed to the end of its schedule, one that supervision
-# on its own states can still lift (README, "The teacher is a poor guide on the student's states"). Half the
-# teacher's plain episodes carry a student's kind of mistakes, as on-policy distillation shows it the
-# student's own histories.
+# on its own states can still lift (README, "A student that supervision can move"). Half the teacher's plain
+# episodes carry a student's kind of mistakes, as on-policy distillation shows it the student's own histories.
 STUDENT_SPEC = BaseModelSpec("student", hidden=64, layers=2, heads=4, steps=1000, context_share=0.8,
                              context_weights=(0.8, 0.1, 0.1), schedule_steps=2000)
 TEACHER_SPEC = BaseModelSpec("teacher", hidden=128, layers=2, heads=4, steps=1500, context_share=0.5,

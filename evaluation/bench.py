@@ -140,7 +140,7 @@ class BenchSettings:
     # "off" keeps the older path (an SFT warm start and teacher trained by the bench itself: it memorises 8
     # training tasks and solves no held-out one, so it cannot rank methods on held-out tasks).
     base_models: str = "auto"
-    base_steps: int | None = None  # None: the specs' own (STUDENT_SPEC / TEACHER_SPEC); N: the student N, the rest scaled
+    base_steps: int | None = None  # None: the specs' own (STUDENT_SPEC / TEACHER_SPEC); N: student N, the rest scaled
     base_train_tasks: int | None = None  # None: the specs' own (the whole train split)
     train_eval_episodes: int = 32  # episodes on the training env's own tasks (the `train` row)
     curve_env: str | None = None  # None: the unseen split with base models, else the training env
