@@ -446,18 +446,13 @@ def run_job(job: SFTJob | ReferenceJob | RunJob, context: JobContext) -> JobOutc
     elif isinstance(job, ReferenceJob):
         policy = load_frozen_policy(job.path, settings)
         for env_id in context.env_ids:
-            # greedy decoding has no seed: one evaluation of the union of every seed's tasks serves them all
-            by_seed = {seed: eval_task_ids(env_id, settings, seed) for seed in settings.seeds}
-            tasks = list(dict.fromkeys(t for ids in by_seed.values() for t in ids))
-            episodes, wall = evaluate_policy(policy, env_id, settings, env_args=eval_env_args(env_id, settings),
-                                             tasks=tasks, with_context=job.context)
-            by_task = {e.task.id: e for e in episodes}
+            by_seed, by_task, wall = evaluate_every_seed(policy, env_id, settings, with_context=job.context)
             outcome.outcomes[env_id] = {(seed, t): float(by_task[t].success) for seed, ids in by_seed.items() for t in ids}
             for seed, ids in by_seed.items():  # one record per seed (its tasks), like the trained rows
                 outcome.records.append(build_record(
                     env_id, [by_task[t] for t in ids], algorithm=job.name, student=job.label, teacher=None,
                     algorithm_config={"bench": {**context.section, "context": job.context}}, seed=seed,
-                    wall_time_s=wall * len(ids) / len(tasks), curve=None))
+                    wall_time_s=wall * len(ids) / len(by_task), curve=None))
         if job.curve:
             curve_env = resolved_curve_env(settings)
             env_args = eval_env_args(curve_env, settings)
@@ -707,6 +702,17 @@ def make_env(env_id: str, settings: BenchSettings, env_args: dict[str, Any]) -> 
     from agentgym_opd.registry import make
 
     return make(env_id, **{"max_turns": settings.max_turns, **env_args})
+
+
+def evaluate_every_seed(policy: Any, env_id: str, settings: BenchSettings, *,
+                        with_context: bool = False) -> tuple[dict[int, list[str]], dict[str, Any], float]:
+    """Every seed's tasks played greedily once: (task ids per seed, episode per task id, wall seconds). Greedy
+    decoding has no seed, so one evaluation of the union of the seeds' tasks serves them all."""
+    by_seed = {seed: eval_task_ids(env_id, settings, seed) for seed in settings.seeds}
+    tasks = list(dict.fromkeys(t for ids in by_seed.values() for t in ids))  # seeds 16 apart share tasks
+    episodes, wall = evaluate_policy(policy, env_id, settings, env_args=eval_env_args(env_id, settings), tasks=tasks,
+                                     with_context=with_context)
+    return by_seed, {e.task.id: e for e in episodes}, wall
 
 
 def eval_task_ids(env_id: str, settings: BenchSettings, seed: int) -> list[str]:

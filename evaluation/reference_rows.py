@@ -34,17 +34,13 @@ class ReferenceRows:
 
 def reference_rows(model: str, settings: Any, env_id: str) -> ReferenceRows:
     """The bench's two reference rows of ``model`` on ``env_id``: every seed's tasks, played once each."""
-    from evaluation.bench import eval_env_args, eval_task_ids, evaluate_policy, load_frozen_policy
+    from evaluation.bench import evaluate_every_seed, load_frozen_policy
 
     policy = load_frozen_policy(model, settings)
-    by_seed = {seed: eval_task_ids(env_id, settings, seed) for seed in settings.seeds}
-    tasks = list(dict.fromkeys(t for ids in by_seed.values() for t in ids))  # seeds 16 apart share tasks
     rows = []
     for with_context in (False, True):
-        episodes, _ = evaluate_policy(policy, env_id, settings, env_args=eval_env_args(env_id, settings), tasks=tasks,
-                                      with_context=with_context)
-        success = {episode.task.id: float(episode.success) for episode in episodes}
-        rows.append({(seed, task): success[task] for seed, ids in by_seed.items() for task in ids})
+        by_seed, by_task, _ = evaluate_every_seed(policy, env_id, settings, with_context=with_context)
+        rows.append({(seed, task): float(by_task[task].success) for seed, ids in by_seed.items() for task in ids})
     return ReferenceRows(*rows)
 
 
