@@ -17,6 +17,10 @@ from agentgym_opd.vector import StepResult, VectorTextEnv
 
 __version__ = "0.1.0"
 
+# Fill the env registry now, so gymnasium's own registry knows every id after `import agentgym_opd`
+# (`gymnasium.make("household/train")`); algorithms stay lazy (nothing outside this package looks them up).
+env_registry.discover()
+
 __all__ = [
     "ERROR_KINDS",
     "EnvMisuseError",

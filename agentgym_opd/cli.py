@@ -14,36 +14,37 @@ import json
 import sys
 import textwrap
 from importlib import metadata
-from typing import Sequence
+from typing import Any, Sequence
 
 COMMAND_GROUP = "agentgym_opd.commands"
+
+
+def _list_registry(registry: Any, as_json: bool) -> int:
+    """`agentgym-opd envs` / `algos`: one id and description per line (or JSON), then plugins that failed."""
+    specs = registry.list()
+    if as_json:
+        print(json.dumps([{"id": s.id, "description": s.description} for s in specs], indent=2))
+        return 0
+    if not specs:
+        print(f"no {registry.kind}s registered yet")
+    width = max((len(s.id) for s in specs), default=10)
+    for s in specs:
+        print(f"{s.id:<{width}}  {s.description}")
+    for name, err in registry.plugin_errors.items():
+        print(f"(plugin {name!r} failed to load: {err})", file=sys.stderr)
+    return 0
 
 
 def _cmd_envs(args: argparse.Namespace) -> int:
     from agentgym_opd.registry import env_registry
 
-    specs = env_registry.list()
-    if args.json:
-        print(json.dumps([{"id": s.id, "description": s.description} for s in specs], indent=2))
-        return 0
-    width = max((len(s.id) for s in specs), default=10)
-    for s in specs:
-        print(f"{s.id:<{width}}  {s.description}")
-    for name, err in env_registry.plugin_errors.items():
-        print(f"(plugin {name!r} failed to load: {err})", file=sys.stderr)
-    return 0
+    return _list_registry(env_registry, args.json)
 
 
 def _cmd_algos(args: argparse.Namespace) -> int:
     from agentgym_opd.registry import algorithm_registry
 
-    specs = algorithm_registry.list()
-    if not specs:
-        print("no algorithms registered yet")
-    width = max((len(s.id) for s in specs), default=10)
-    for s in specs:
-        print(f"{s.id:<{width}}  {s.description}")
-    return 0
+    return _list_registry(algorithm_registry, args.json)
 
 
 def _cmd_play(args: argparse.Namespace) -> int:
@@ -88,7 +89,7 @@ def _cmd_play(args: argparse.Namespace) -> int:
 def _parse_override(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep:
-        raise SystemExit(f"--set expects KEY=VALUE, got {text!r}")
+        raise SystemExit(f"--env-arg expects KEY=VALUE, got {text!r}")
     try:
         return key, json.loads(value)
     except json.JSONDecodeError:
@@ -104,13 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_envs)
 
     p = sub.add_parser("algos", aliases=["algorithms"], help="list registered algorithms")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_algos)
 
     p = sub.add_parser("play", help="play an environment in the terminal")
-    p.add_argument("env_id")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--task-id", default=None)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="constructor override")
+    p.add_argument("env_id", help="a registered env id (`agentgym-opd envs` lists them)")
+    p.add_argument("--seed", type=int, default=0, help="reset seed: which task, when --task-id is not given")
+    p.add_argument("--task-id", default=None, help="play this task of the split (env.task_ids() lists them)")
+    p.add_argument("--env-arg", "--set", dest="set", action="append", default=[], metavar="KEY=VALUE",
+                   help="env constructor option (JSON value), e.g. status_line=true; repeatable (as in train and eval)")
     p.set_defaults(func=_cmd_play)
 
     for ep in sorted(metadata.entry_points(group=COMMAND_GROUP), key=lambda e: e.name):

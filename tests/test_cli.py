@@ -45,3 +45,22 @@ def test_play_shows_errors_and_quits_cleanly(tmp_path):
 def test_unknown_env_id_suggests_close_matches(tmp_path):
     out = cli("play", "household/valid_unsen", stdin="", cwd=tmp_path)
     assert out.returncode == 2 and "household/valid_unseen" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_algos_lists_every_method_as_a_table_and_as_json(tmp_path):
+    out = cli("algos", "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    listed = {a["id"]: a["description"] for a in json.loads(out.stdout)}
+    assert {"sft", "grpo", "opd", "opsd", "sdpo", "lopd", "sage_opd", "vpd"} <= set(listed)
+    assert all(listed.values())
+    assert any(line.startswith("opd ") for line in cli("algorithms", cwd=tmp_path).stdout.splitlines())
+
+
+def test_play_takes_env_options_as_env_arg_like_train_and_eval(tmp_path):
+    # status_line=true restates the task after every step: visible right after the first action
+    out = cli("play", "household/train", "--seed", "1", "--env-arg", "status_line=true", stdin="look\nquit\n", cwd=tmp_path)
+    plain = cli("play", "household/train", "--seed", "1", stdin="look\nquit\n", cwd=tmp_path)
+    assert out.returncode == 0 and plain.returncode == 0, out.stderr + plain.stderr
+    assert "You are not carrying anything" in out.stdout and "You are not carrying anything" not in plain.stdout
+    bad = cli("play", "household/train", "--env-arg", "status_line", cwd=tmp_path)
+    assert bad.returncode != 0 and "--env-arg expects KEY=VALUE" in bad.stderr

@@ -111,7 +111,9 @@ def test_third_party_plugin_is_discovered_through_entry_points(tmp_path):
     )
     script = textwrap.dedent('''
         import json
-        import agentgym_opd
+        import agentgym_opd, gymnasium
+        # importing the package is enough for gymnasium's own registry: built-in and plugin ids
+        gym_ids = [gymnasium.make(i).unwrapped.env_id for i in ("household/train", "myplugin/echo")]
         env = agentgym_opd.make("myplugin/echo")
         env.reset(seed=0)
         _, reward, terminated, _, _ = env.step("hello")
@@ -120,7 +122,7 @@ def test_third_party_plugin_is_discovered_through_entry_points(tmp_path):
             agentgym_opd.make("myplugin/ech")
         except agentgym_opd.UnknownIdError as exc:
             err = str(exc)
-        print(json.dumps({"reward": reward, "terminated": terminated, "lr": algo.lr, "err": err,
+        print(json.dumps({"reward": reward, "terminated": terminated, "lr": algo.lr, "err": err, "gym_ids": gym_ids,
                           "algos": [s.id for s in agentgym_opd.list_algorithms()]}))
     ''')
     out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True,
@@ -128,7 +130,24 @@ def test_third_party_plugin_is_discovered_through_entry_points(tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["reward"] == 1.0 and result["terminated"] is True and result["lr"] == 0.5
     assert "echo_algo" in result["algos"]
-    assert "myplugin/echo" in result["err"]
+    assert "myplugin/echo" in result["err"] and "pip install -e ." in result["err"]  # how a new id becomes visible
+    assert result["gym_ids"] == ["household/train", "myplugin/echo"]
+
+
+def test_an_env_that_does_not_take_env_id_is_told_the_registry_passes_it():
+    from agentgym_opd.core import TextEnv
+    from agentgym_opd.registry import BadArgumentsError
+
+    class NoKwargsEnv(TextEnv):  # a new user's first try: __init__ without **kwargs
+        def __init__(self, split="train", max_turns=5):
+            super().__init__(split, max_turns=max_turns)
+
+    register("testnokwargs/train", entry_point=NoKwargsEnv)
+    with pytest.raises(BadArgumentsError) as info:
+        make("testnokwargs/train")
+    message = str(info.value)
+    assert "env_id='testnokwargs/train'" in message and "**kwargs" in message
+    assert "--env-arg" not in message  # the user passed no argument: the generic advice would mislead
 
 
 def test_an_argument_the_env_does_not_take_is_a_clear_error_listing_what_it_takes():
