@@ -1013,7 +1013,7 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
     base_build_s = time.perf_counter() - build_started if base else 0.0
     if base:
         log(f"base models ready in {base_build_s / 60:.1f} min (a one-time build when not cached; the bench's "
-            "wall time below leaves it out)")
+            "wall time below leaves it out): " + ", ".join(f"{name} {path}" for name, path in trained.items()))
     student_path, student_label = settings.student, base_name
     if "warm_start" in trained:
         student_path, student_label = trained["warm_start"], (
