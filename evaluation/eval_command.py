@@ -76,9 +76,12 @@ def _records(args: argparse.Namespace, seeds: list[int], env_kwargs: dict) -> li
 
         if args.max_turns is not None:
             env_kwargs["max_turns"] = args.max_turns
+        paths = out_paths(args.out, seeds) if args.out else [None] * len(seeds)
         return [evaluate_scripted(args.env, args.policy, episodes=args.episodes, samples_per_task=args.samples,
                                   seed=seed, num_envs=args.num_envs or 8, executor=args.executor,
-                                  progress=not args.no_progress, **env_kwargs) for seed in seeds]
+                                  progress=not args.no_progress, transcripts=args.transcripts,
+                                  episodes_out=episodes_path(path) if path else None, **env_kwargs)
+                for seed, path in zip(seeds, paths)]
     from evaluation.policy_eval import EvalSetupError, evaluate_policy
 
     if args.executor != "local":
@@ -137,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(record, indent=2) + "\n")
             _stamp(path, record, getattr(args, "invoked_argv", None))
-            print(f"wrote {path}" + ("" if args.policy in SCRIPTED_AGENTS else f" and {episodes_path(path)}"))
+            print(f"wrote {path} and {episodes_path(path)}")
     else:
         print(json.dumps(records[0] if len(records) == 1 else records, indent=2))
     for record in records:

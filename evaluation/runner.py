@@ -11,6 +11,7 @@ folders, trainer checkpoints) go through `evaluation.policy_eval`, which writes 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from datetime import datetime, timezone
@@ -164,10 +165,16 @@ def episode_line(episode: Episode, index: int, *, transcript: bool, tokenizer: A
 
 def evaluate_scripted(env_id: str, agent: str, *, episodes: int | None = None, samples_per_task: int = 1,
                       seed: int = 0, num_envs: int = 8, executor: str = "local", progress: bool = True,
-                      **env_kwargs: Any) -> dict[str, Any]:
-    """Evaluate a scripted agent ('walkthrough' or 'random') and return a validated result record."""
+                      episodes_out: Path | None = None, transcripts: int = 0, **env_kwargs: Any) -> dict[str, Any]:
+    """Evaluate a scripted agent ('walkthrough' or 'random') and return a validated result record; with
+    ``episodes_out``, the per-episode lines go there as for a model (the first ``transcripts`` with turns).
+    A scripted run takes seconds, so its lines are written once it ends rather than episode by episode."""
     t0 = time.perf_counter()
     eps = run_agent(env_id, agent, episodes=episodes, samples_per_task=samples_per_task, seed=seed,
                     num_envs=num_envs, executor=executor, progress=progress, **env_kwargs)
+    if episodes_out is not None:
+        episodes_out.parent.mkdir(parents=True, exist_ok=True)
+        episodes_out.write_text("".join(json.dumps(episode_line(e, i, transcript=i < transcripts)) + "\n"
+                                        for i, e in enumerate(eps)), encoding="utf-8")
     return make_record(env_id, eps[0].task.split, eps, algorithm=agent, student=f"scripted:{agent}", seed=seed,
                        wall_time_s=time.perf_counter() - t0)

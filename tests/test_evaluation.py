@@ -56,6 +56,10 @@ def test_eval_cli_record_goes_onto_the_leaderboard(tmp_path):
     assert record["provenance"]["command"] == ["agentgym-opd", "eval", "--policy", "walkthrough", "--env",
                                                "household/valid_seen", "--episodes", "12", "--out", str(out)]
     assert record["origin"] == "original" and len(record["provenance"]["tasks_sha256"]) == 64
+    # beside it, one line per episode as for a model, the first --transcripts (default 10) with every turn
+    lines = [json.loads(line) for line in (tmp_path / "rec.episodes.jsonl").read_text().splitlines()]
+    assert [line["index"] for line in lines] == list(range(12)) and all(line["success"] for line in lines)
+    assert sum("transcript" in line for line in lines) == 10 and lines[0]["transcript"]["turns"][0]["action"]
     board = Leaderboard(tmp_path / "lb")
     board.add(out)
     board.build()
