@@ -54,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
             import_bench(args.output_dir, board, command=args.command.split() if args.command else None,
                          episodes=args.episodes)
         if args.action == "add":
-            for path in args.records:
-                print(f"added {board.add(path)}")
+            _add(board, args.records)
             if args.no_build:
                 return 0
         if args.action == "build" and args.check:
@@ -71,6 +70,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _add(board: Leaderboard, paths: list[str]) -> list[Path]:
+    """Publish record files all or nothing: every file is read, validated and checked against the board and
+    the other files before the first is written, so a bad file among good ones publishes none and leaves
+    the records and the tables as they were (one good file written, then an error, left the tables stale)."""
+    items, problems = [], []
+    for path in paths:
+        try:
+            items.append((path, board.read_record(path)))
+        except RecordError as err:
+            problems.append(str(err))
+    plan = board.plan(items)
+    plan.problems[:0] = problems
+    plan.check(fix="fix or leave out the refused file(s) and run it again")
+    written = board.write([record for _, record in plan.new])
+    for path in written:
+        print(f"added {path}")
+    return written
 
 
 def _stamp(board: Leaderboard, args: argparse.Namespace) -> int:

@@ -148,3 +148,34 @@ def test_a_familys_caption_names_what_its_success_rate_is():
     assert metric_title("searchqa", "success_rate") == "success_rate (= exact match)"
     assert metric_title("household", "success_rate") == "success_rate"
     assert metric_title("code", "pass@1") == "pass@1"
+
+
+def _files(root) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_cli_add_publishes_all_files_or_none(tmp_path, capsys):
+    """A bad file among good ones, two files of the same run, or a file already published: nothing is
+    written, exit 2, and the error names the file; the records and the tables stay exactly as they were."""
+    from agentgym_opd.cli import main
+
+    root = tmp_path / "lb"
+    files = {}
+    for name, record in {"first": make_record("sft", 0, 0.4), "good": make_record("opd", 0, 0.5),
+                         "bad": make_record("grpo", 0, 1.5), "same_run": make_record("opd", 0, 0.6)}.items():
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(json.dumps(record))
+    assert main(["leaderboard", "--root", str(root), "add", str(files["first"])]) == 0
+    before = _files(root)
+    capsys.readouterr()
+    for batch, named in [(["good", "bad"], "bad.json: field 'metrics'"),
+                         (["good", "same_run"], "same_run.json: duplicate record: "),
+                         (["good", "good"], "the same record as"),
+                         (["good", "first"], "first.json: duplicate record: identical content is already published")]:
+        assert main(["leaderboard", "--root", str(root), "add", *(str(files[n]) for n in batch)]) == 2, batch
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and named in err and "nothing was published" in err, err
+        assert _files(root) == before, batch
+    assert main(["leaderboard", "--root", str(root), "build", "--check"]) == 0
+    assert main(["leaderboard", "--root", str(root), "add", str(files["good"])]) == 0  # the good file alone goes in
+    assert len(list((root / "records").glob("*.json"))) == 2
