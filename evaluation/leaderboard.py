@@ -231,7 +231,7 @@ def _published_clash(source: str, record: dict[str, Any], path: Path, old: dict[
     if same_result(record, old, ignore):
         return f"{where}duplicate record: identical content is already published as {path}; leave it out"
     return (f"{where}duplicate record: a result for the same run ({_run_text(record)}) is already published as "
-            f"{path}, with other content; use another seed, or remove {path} first to replace it")
+            f"{path}, with other content; leave this one out, or remove {path} first to replace it")
 
 
 def _batch_clash(source: str, record: dict[str, Any], other_source: str, other: dict[str, Any], ignore: tuple[str, ...]) -> str:

@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     stamp = sub.add_parser("stamp", help="add provenance to records written by `agentgym-opd eval` (in place)")
     stamp.add_argument("records", nargs="+")
     stamp.add_argument("--command", required=True, help="the `agentgym-opd eval ...` command that wrote them, quoted")
-    imp = sub.add_parser("import-bench", help="publish a finished bench's records with provenance and episodes")
+    imp = sub.add_parser("import-bench", help="publish a finished bench's records with provenance and episodes "
+                                              "(records already published are skipped: safe to rerun)")
     imp.add_argument("output_dir", help="the bench's --output-dir")
     imp.add_argument("--episodes", type=int, default=3, help="evaluation episodes kept per run, held-out split (default 3)")
     imp.add_argument("--command", default=None,
