@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rep.add_argument("record", help="a record file (e.g. leaderboard/records/<id>.json)")
     rep.add_argument("--add", action="store_true", help="publish the rerun as a 'reproduced' record")
     rep.add_argument("--timeout", type=float, default=3600, help="seconds the rerun may take (default 3600)")
-    stamp = sub.add_parser("stamp", help="add provenance to records written by `agentgym-opd eval` (in place)")
+    stamp = sub.add_parser("stamp", help="add provenance to records `agentgym-opd eval` wrote without it (eval --out "
+                                          "stamps its own); refuses a command that disagrees with the record (in place)")
     stamp.add_argument("records", nargs="+")
     stamp.add_argument("--command", required=True, help="the `agentgym-opd eval ...` command that wrote them, quoted")
     imp = sub.add_parser("import-bench", help="publish a finished bench's records with provenance and episodes "
@@ -93,17 +94,26 @@ def _add(board: Leaderboard, paths: list[str]) -> list[Path]:
 
 
 def _stamp(board: Leaderboard, args: argparse.Namespace) -> int:
+    """Stamp every record with the command's provenance, each checked first against what the record says
+    of its own run; any refusal (naming the file and the fields that differ) leaves every file untouched."""
     import shlex
 
     from evaluation.provenance import stamp_eval_record
     from evaluation.records import validate_record
 
     command = shlex.split(args.command)
+    stamped = []
     for path in args.records:
-        record = stamp_eval_record(board.read_record(path), command)
-        validate_record(record)
+        record = board.read_record(path)
+        had_provenance = "provenance" in record
+        try:
+            stamped.append((path, validate_record(stamp_eval_record(record, command)), had_provenance))
+        except RecordError as err:
+            raise RecordError(f"{path}: {err}; nothing was stamped") from err
+    for path, record, had_provenance in stamped:
         Path(path).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        print(f"stamped {path}")
+        print(f"stamped {path}" + (" (it already carried provenance: `agentgym-opd eval --out` stamps what it writes)"
+                                   if had_provenance else ""))
     return 0
 
 

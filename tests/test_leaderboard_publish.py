@@ -221,6 +221,41 @@ def test_stamp_hashes_the_evaluated_models_weights_and_chat_template(tmp_path):
                                   "agentgym-opd eval --policy tiny --env household/valid_unseen"],
                            capture_output=True, text=True, cwd=tmp_path)
     assert wrong.returncode == 2 and "not the command that wrote it" in wrong.stderr
+    # the same model under another protocol than the record's: refused, naming the field and both values
+    before = (tmp_path / "rec.json").read_bytes()
+    other = subprocess.run(CLI + ["leaderboard", "stamp", str(tmp_path / "rec.json"), "--command",
+                                  "agentgym-opd eval --policy tiny --env household/valid_seen --episodes 1 "
+                                  "--max-new-tokens 16 --max-turns 1 --device cpu"], capture_output=True, text=True, cwd=tmp_path)
+    assert other.returncode == 2 and "protocol.max_new_tokens (record: 4, command: 16)" in other.stderr, other.stderr
+    assert (tmp_path / "rec.json").read_bytes() == before
+
+
+def test_stamp_refuses_a_command_that_disagrees_with_the_record_and_stamps_a_matching_one(tmp_path, capsys):
+    """Stamping an 8-episode record with a 100-episode command would make `reproduce` rerun another
+    evaluation: refused (exit 2, every file untouched) naming each field, and saying the record already
+    carries provenance from `eval --out`."""
+    from agentgym_opd.cli import main
+
+    rec, other = tmp_path / "rec.json", tmp_path / "other.json"
+    for path, seed in ((rec, 0), (other, 1)):
+        assert main(["eval", "--policy", "random", "--env", "household/valid_seen", "--episodes", "8", "--seed", str(seed),
+                     "--no-progress", "--out", str(path)]) == 0
+    before = {p: p.read_bytes() for p in (rec, other)}
+    capsys.readouterr()
+    command = "agentgym-opd eval --policy random --env household/valid_seen --episodes {n} --seeds 0 1"
+    for wrong, fields in [(command.format(n=100), ["n_episodes (record: 8, command: 100 = 100 tasks x 1 samples"]),
+                          (command.format(n=8).replace("random", "walkthrough"),
+                           ["algorithm (record: 'random', command: 'walkthrough')", "student (record: 'scripted:random'"]),
+                          (command.format(n=8).replace("--seeds 0 1", "--seed 0"), ["other.json", "seed (record: 1, command: seeds [0])"])]:
+        assert main(["leaderboard", "stamp", str(rec), str(other), "--command", wrong]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and all(f in err for f in fields), err
+        assert "already carries provenance" in err and "nothing was stamped" in err
+        assert {p: p.read_bytes() for p in (rec, other)} == before
+    assert main(["leaderboard", "stamp", str(rec), str(other), "--command", command.format(n=8)]) == 0
+    for path in (rec, other):
+        record = validate_record(json.loads(path.read_text()))
+        assert record["provenance"]["command"] == command.format(n=8).split() and record["provenance"]["seeds"] == [0, 1]
 
 
 PLUGIN = '''"""MyOPD: OPD whose per-token signal is the Jensen-Shannon divergence (a third-party plugin method)."""
