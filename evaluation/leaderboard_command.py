@@ -87,10 +87,29 @@ def _add(board: Leaderboard, paths: list[str]) -> list[Path]:
     plan = board.plan(items)
     plan.problems[:0] = problems
     plan.check(fix="fix or leave out the refused file(s) and run it again")
+    _warn_unregistered(plan.new)
     written = board.write([record for _, record in plan.new])
     for path in written:
         print(f"added {path}")
     return written
+
+
+def _warn_unregistered(items: list[tuple[str, dict]]) -> None:
+    """Warn about each algorithm id that nothing installed here registers. It is still published (a plugin's
+    method may be published from a machine without the plugin), but a misspelt id would make a row apart
+    from its method's, so the user should see it."""
+    from agentgym_opd.registry import algorithm_registry
+    from evaluation.records import REFERENCE_ROWS
+    from evaluation.runner import SCRIPTED_AGENTS
+
+    registered = algorithm_registry.ids()
+    known = {*registered, "base", *REFERENCE_ROWS, *SCRIPTED_AGENTS}  # base: an untrained model
+    for source, record in items:
+        if record["algorithm"] not in known:
+            print(f"warning: {source}: algorithm {record['algorithm']!r} is not registered here (registered: "
+                  f"{', '.join(registered)}); publishing it anyway. If it is a plugin's method, that plugin is not "
+                  "installed here; if it is a typo, remove the record and add it again with the right id",
+                  file=sys.stderr)
 
 
 def _stamp(board: Leaderboard, args: argparse.Namespace) -> int:

@@ -195,3 +195,17 @@ def test_the_tables_caption_names_the_interval_a_single_record_gets(tmp_path):
     board.build()  # the page says the same
     assert "for one record Wilson's score interval over its episodes for success_rate, mean +- 1.96 se for other" in (
         tmp_path / "lb" / "index.html").read_text()
+
+
+def test_cli_add_warns_about_an_algorithm_nothing_here_registers_and_publishes_it(tmp_path, capsys):
+    from agentgym_opd.cli import main
+
+    paths = []
+    for algorithm in ("my_lab_opd", "opd", "teacher", "base"):
+        paths.append(tmp_path / f"{algorithm}.json")
+        paths[-1].write_text(json.dumps(make_record(algorithm, 0, 0.5)))
+    assert main(["leaderboard", "--root", str(tmp_path / "lb"), "add", *map(str, paths)]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "algorithm 'my_lab_opd' is not registered here" in warnings[0], warnings
+    assert "registered: " in warnings[0] and "opd, " in warnings[0] and "sage_opd" in warnings[0]
+    assert len(Leaderboard(tmp_path / "lb").load_records()) == 4
