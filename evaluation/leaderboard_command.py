@@ -1,8 +1,11 @@
 """`agentgym-opd leaderboard [--root DIR] add RECORD... | build [--check] | reproduce RECORD | stamp RECORD... | import-bench OUT_DIR`.
 
 Exit codes: 0 done; 1 ``build --check`` found the committed outputs stale, or ``reproduce`` got another
-number; 2 bad input (a record that does not validate, a duplicate, a file that is no record), with one
-``error:`` line and no traceback.
+number; 2 bad input (a record that does not validate, a duplicate, a file that is no record, a ``stamp``
+command that disagrees with its record), with an ``error:`` line (one more per further refused record)
+and no traceback. ``add``, ``import-bench`` and ``stamp`` check every record before writing any, so on
+exit 2 nothing was written. ``import-bench`` skips (and reports) records already published: rerunning it
+is safe.
 """
 
 from __future__ import annotations
