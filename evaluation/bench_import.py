@@ -1,8 +1,9 @@
 """Publishing a finished bench: its records, stamped with provenance, budget and kept episodes.
 
 `agentgym-opd leaderboard import-bench OUT_DIR` reads a bench output folder (``summary.json``,
-``records/``, the checkpoints under ``runs/``, ``warm_start/``, ``teacher/``) and adds every record to the
-leaderboard with:
+``records/``, the checkpoints under ``runs/``, ``warm_start/``, ``teacher/``) and adds every record not
+yet published to the leaderboard (all of them checked first: one already published is skipped, one that
+differs from a published record of the same run refuses the import before anything is written) with:
 
 - ``provenance``: package versions, the hash of the evaluated tasks (the bench's own task selection),
   the chat-template and weights hashes of the evaluated checkpoint, the bench command that reproduces
@@ -157,50 +158,115 @@ def replay_traces(record: dict[str, Any], policy: Any, settings: Any, out: Path,
                         with_context=name == "warm_start+context")
 
 
+# the fields import-bench adds to a bench's record file
+IMPORTED_FIELDS = ("provenance", "budget", "origin", "episodes")
+
+
 def import_bench(out_dir: str | Path, board: Any, *, command: list[str] | None = None, episodes: int = 3,
                  log: Callable[[str], None] = print) -> list[Path]:
-    """Stamp and add every record of a finished bench; returns the published record files."""
-    from evaluation.bench import BenchSettings, eval_task_ids, load_frozen_policy
-    from evaluation.provenance import collect, env_tasks_sha256
-    from evaluation.records import validate_record
+    """Stamp and publish every record of a finished bench that is not published yet; returns the files written.
 
+    Everything is checked before anything is written: a record whose result is already published is
+    skipped and reported (so importing a bench twice, or a bench that re-ran reference rows an earlier
+    import published, adds only what is new), and one that differs from a published record of the same
+    run refuses the whole import. The comparison leaves out the kept episode traces, which are replayed
+    illustrations (a GPU replays them within rounding), not the result."""
     out = Path(out_dir)
+    summary, settings = _finished_bench(out)
+    records = sorted(((str(path), board.read_record(path)) for path in (out / "records").glob("*.json")), key=_model_order)
+    # a bench file that already clashes with the board fails here, before any model is loaded
+    board.plan(records, skip_published=True, ignore=IMPORTED_FIELDS).check(fix=IMPORT_FIX)
+    argv = command or bench_command(summary["settings"])
+    load = _policy_loader(settings)
+    stamped = [(source, _stamp(out, record, settings, argv, load)) for source, record in records]
+    plan = board.plan(stamped, skip_published=True, ignore=("episodes",))
+    plan.check(fix=IMPORT_FIX)
+    for source, path in plan.already:
+        log(f"already published: {source} as {path}")
+    held_out = summary.get("eval_envs", [settings.env])[-1]
+    for _, record in plan.new:
+        if record["env_id"] == held_out and episodes > 0:
+            record["episodes"] = _kept_traces(out, record, settings, episodes, load)
+    written = board.write([record for _, record in plan.new])
+    for (_, record), path in zip(plan.new, written):
+        log(f"added {record['algorithm']} {record['env_id']} seed {record['seed']} -> {path}")
+    return written
+
+
+IMPORT_FIX = "to keep a published result, delete the bench's file of that run from its records/ folder; then run import-bench again"
+
+
+def _model_order(item: tuple[str, dict[str, Any]]) -> tuple:
+    """Records of one model (algorithm and seed: every split) next to each other, so each loads once."""
+    return item[1]["algorithm"], item[1]["seed"], item[0]
+
+
+def _finished_bench(out: Path) -> tuple[dict[str, Any], Any]:
+    """The bench's summary and settings, or a RecordError saying the folder is no finished bench."""
+    from evaluation.bench import BenchSettings
+
     try:
         summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-        settings = BenchSettings(**summary["settings"])
+        return summary, BenchSettings(**summary["settings"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise RecordError(f"{out} is not a finished bench output folder (summary.json: {err})") from err
-    argv = command or bench_command(summary["settings"])
-    device = "cuda" if settings.device.startswith("cuda") else "cpu"
+
+
+def _device(settings: Any) -> str:
+    """Where the bench evaluated: 'cuda' or 'cpu' (``auto`` is what this machine resolves it to)."""
     if settings.device == "auto":
         import torch
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    held_out = summary.get("eval_envs", [settings.env])[-1]
-    published = []
-    task_cache: dict[tuple[str, int], tuple[list[str], str]] = {}
-    for path in sorted((out / "records").glob("*.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
-        env_id = record["env_id"]
-        key = (env_id, int(record["seed"]))
-        if key not in task_cache:
-            tasks = eval_task_ids(env_id, settings, int(record["seed"]))
-            task_cache[key] = (tasks, env_tasks_sha256(env_id, tasks, **{"max_turns": settings.max_turns,
-                                                                          **_eval_args(env_id, settings)}))
-        tasks, tasks_sha = task_cache[key]
-        model_dir = checkpoint_of(out, record, settings)
-        policy = load_frozen_policy(str(model_dir), settings)
-        record["provenance"] = collect(tasks_sha=tasks_sha, seeds=settings.seeds, command=argv, policy=policy, device=device)
-        tokens = training_tokens(out, record)
-        if record["algorithm"] not in REFERENCE_ROWS:
-            record["budget"] = {"rollout_episodes": settings.budget, "tokens": tokens}
-        record["origin"] = "original"
-        if env_id == held_out and episodes > 0:
-            record["episodes"] = replay_traces(record, policy, settings, out, tasks, episodes)
-        validate_record(record)
-        published.append(board.add(record))
-        log(f"added {record['algorithm']} {env_id} seed {record['seed']} -> {published[-1]}")
-    return published
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if settings.device.startswith("cuda") else "cpu"
+
+
+def _policy_loader(settings: Any) -> Callable[[Path], Any]:
+    """``load_frozen_policy`` keeping the last model: records are stamped in model order (``_model_order``),
+    so each model loads once per pass rather than once per record."""
+    from evaluation.bench import load_frozen_policy
+
+    last: dict[str, Any] = {}
+
+    def load(path: Path) -> Any:
+        if str(path) not in last:
+            last.clear()
+            last[str(path)] = load_frozen_policy(str(path), settings)
+        return last[str(path)]
+
+    return load
+
+
+def _stamp(out: Path, record: dict[str, Any], settings: Any, argv: list[str], load: Callable[[Path], Any]) -> dict[str, Any]:
+    """A bench record with its provenance, budget and origin (the kept episodes come later, only for the
+    records that are new: replaying them is the slow part)."""
+    from evaluation.bench import eval_task_ids
+    from evaluation.provenance import collect, env_tasks_sha256
+    from evaluation.records import validate_record
+
+    env_id, seed = record["env_id"], int(record["seed"])
+    tasks = eval_task_ids(env_id, settings, seed)
+    tasks_sha = env_tasks_sha256(env_id, tasks, **{"max_turns": settings.max_turns, **_eval_args(env_id, settings)})
+    policy = load(checkpoint_of(out, record, settings))
+    record["provenance"] = collect(tasks_sha=tasks_sha, seeds=settings.seeds, command=argv, policy=policy,
+                                   device=_device(settings))
+    if record["algorithm"] not in REFERENCE_ROWS:
+        record["budget"] = {"rollout_episodes": settings.budget, "tokens": training_tokens(out, record)}
+    record["origin"] = "original"
+    return validate_record(record)
+
+
+def _kept_traces(out: Path, record: dict[str, Any], settings: Any, limit: int, load: Callable[[Path], Any]) -> list[dict[str, Any]]:
+    """The record's first ``limit`` held-out episodes replayed as the bench played them (see the module
+    docstring); the record is validated again with them."""
+    from evaluation.bench import eval_task_ids
+    from evaluation.records import validate_record
+
+    policy = load(checkpoint_of(out, record, settings))
+    tasks = eval_task_ids(record["env_id"], settings, int(record["seed"]))
+    traces = replay_traces(record, policy, settings, out, tasks, limit)
+    validate_record({**record, "episodes": traces})
+    return traces
 
 
 def _eval_args(env_id: str, settings: Any) -> dict[str, Any]:

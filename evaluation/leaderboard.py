@@ -2,7 +2,9 @@
 
 `add` accepts a record only if it validates and is not already there (same content, or the same run:
 env, split, algorithm, student, teacher, seed and protocol); it is written atomically, so a refused or
-interrupted add leaves the folder as it was. `build` reads every record (a corrupt one stops the build,
+interrupted add leaves the folder as it was. A batch (several files, a bench) is checked whole first
+(`plan`: every record against the published ones and against the others of the batch), then written, so
+a batch with one bad record publishes none of them. `build` reads every record (a corrupt one stops the build,
 naming the file, before anything is written), groups records of the same env split x algorithm x student
 x teacher x protocol over seeds, and renders
 
@@ -83,6 +85,13 @@ def wilson_interval(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def interval_words() -> str:
+    """How ``Row.interval`` computes one record's interval, in words, for the tables' captions (from the same
+    constants, so the caption cannot drift from the numbers)."""
+    return (f"Wilson's score interval over its episodes for {', '.join(sorted(BINARY_METRICS))}, "
+            "mean +- 1.96 se for other metrics")
 
 
 def effective_protocol(record: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +203,52 @@ class FamilyTable:
     bench_protocol: dict[str, Any] | None
 
 
+@dataclass
+class AddPlan:
+    """What publishing a batch will do, decided before anything is written (``Leaderboard.plan``)."""
+
+    new: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (source, record) to write
+    already: list[tuple[str, Path]] = field(default_factory=list)  # (source, the published file with its result)
+    problems: list[str] = field(default_factory=list)  # each names its record and the fix
+
+    def check(self, fix: str = "") -> None:
+        """Raise one RecordError naming every refused record, so one run shows every fix to make; ``fix``
+        is what to do about the batch as a whole."""
+        after = f"; {fix}" if fix else ""
+        if len(self.problems) == 1:
+            raise RecordError(f"{self.problems[0]} (nothing was published{after})")
+        if self.problems:
+            raise RecordError(f"{len(self.problems)} records refused, nothing was published{after}:\n  "
+                              + "\n  ".join(self.problems))
+
+
+def same_result(a: dict[str, Any], b: dict[str, Any], ignore: tuple[str, ...] = ()) -> bool:
+    """Whether two records hold identical content apart from the ``ignore`` fields (compared as the record
+    id compares them: canonical JSON)."""
+    return record_id({k: v for k, v in a.items() if k not in ignore}) == record_id({k: v for k, v in b.items() if k not in ignore})
+
+
+def _run_text(record: dict[str, Any]) -> str:
+    return ", ".join(f"{f}={record[f]!r}" for f in IDENTITY_FIELDS)
+
+
+def _published_clash(source: str, record: dict[str, Any], path: Path, old: dict[str, Any], ignore: tuple[str, ...]) -> str:
+    """Why ``record`` (from ``source``) cannot join the board that holds ``old`` in ``path``, and the fix."""
+    where = f"{source}: " if source else ""
+    if same_result(record, old, ignore):
+        return f"{where}duplicate record: identical content is already published as {path}; leave it out"
+    return (f"{where}duplicate record: a result for the same run ({_run_text(record)}) is already published as "
+            f"{path}, with other content; leave this one out, or remove {path} first to replace it")
+
+
+def _batch_clash(source: str, record: dict[str, Any], other_source: str, other: dict[str, Any], ignore: tuple[str, ...]) -> str:
+    """Why two records of one batch cannot both be published, and the fix."""
+    if same_result(record, other, ignore):
+        return f"{source}: duplicate record: the same record as {other_source}; pass it once"
+    return (f"{source}: duplicate record: {other_source} is another result for the same run ({_run_text(record)}); "
+            "publish one of them, or evaluate the other under another seed")
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -248,29 +303,67 @@ class Leaderboard:
             raise RecordError(f"cannot read a JSON record from {path}: not UTF-8 ({err})") from err
         return parse_record(text, source=str(path))
 
+    def published(self) -> list[tuple[Path, dict[str, Any]]]:
+        """(file, record) of every published record, in file order; a corrupt file is a RecordError naming it."""
+        paths = sorted(self.records_dir.glob("*.json")) if self.records_dir.is_dir() else []
+        return [(p, self.read_record(p)) for p in paths]
+
     def load_records(self) -> list[dict[str, Any]]:
-        return [self.read_record(p) for p in (sorted(self.records_dir.glob("*.json")) if self.records_dir.is_dir() else [])]
+        return [r for _, r in self.published()]
+
+    def plan(self, items: list[tuple[str, dict[str, Any]]], *, skip_published: bool = False,
+             ignore: tuple[str, ...] = ()) -> "AddPlan":
+        """Check a batch of validated ``(source, record)`` against the published records and each other, and
+        sort it into new records, records already published and problems, before anything is written: a
+        batch is published whole or not at all, so the folder and its tables never hold half of it.
+
+        ``skip_published``: a record whose result is already published is skipped (import-bench is rerun on
+        the same bench), not refused. ``ignore``: fields left out of that comparison."""
+        plan = AddPlan()
+        on_board = {identity(r): (path, r) for path, r in self.published()}
+        in_batch: dict[tuple, tuple[str, dict[str, Any]]] = {}
+        for source, record in items:
+            key = identity(record)
+            if key in on_board:
+                path, old = on_board[key]
+                if skip_published and same_result(record, old, ignore):
+                    plan.already.append((source, path))
+                else:
+                    plan.problems.append(_published_clash(source, record, path, old, ignore))
+            elif key in in_batch:
+                plan.problems.append(_batch_clash(source, record, *in_batch[key], ignore))
+            else:
+                in_batch[key] = (source, record)
+                plan.new.append((source, record))
+        return plan
+
+    def write(self, records: list[dict[str, Any]]) -> list[Path]:
+        """Write checked records (see ``plan``). A write that fails part-way rebuilds the tables from what
+        was written before it reports, so the tables never lag behind the records."""
+        written: list[Path] = []
+        for record in records:
+            target = self.records_dir / f"{record_id(record)}.json"
+            try:
+                self.records_dir.mkdir(parents=True, exist_ok=True)
+                _write_atomic(target, json.dumps(record, indent=2, sort_keys=True) + "\n")
+            except OSError as err:
+                if written:
+                    self.build()
+                raise RecordError(f"cannot write {target}: {err}; the {len(written)} record(s) written before it "
+                                  "are published and the tables rebuilt; fix the folder and run it again") from err
+            written.append(target)
+        return written
 
     def add(self, record: dict[str, Any] | str | Path) -> Path:
+        """Publish one record (a file or a dict); a refused record leaves the folder as it was."""
+        source = str(record) if isinstance(record, (str, Path)) else ""
         if isinstance(record, (str, Path)):
             record = self.read_record(record)
         else:
             record = parse_record(json.dumps(record), source="record") if _plain(record) else _refuse(record)
-        rid = record_id(record)
-        target = self.records_dir / f"{rid}.json"
-        if target.exists():
-            raise RecordError(f"duplicate record: identical content is already published as {target}")
-        key = identity(record)
-        for existing in self.load_records():
-            if identity(existing) == key:
-                raise RecordError(
-                    "duplicate record: a result for the same run "
-                    f"({', '.join(f'{f}={v!r}' for f, v in zip(IDENTITY_FIELDS, key))}) is already published; "
-                    "use another seed or remove the old record first"
-                )
-        self.records_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(target, json.dumps(record, indent=2, sort_keys=True) + "\n")
-        return target
+        plan = self.plan([(source, record)])
+        plan.check()
+        return self.write([record])[0]
 
     # ---------------------------------------------------------------- aggregation
     @staticmethod
@@ -372,7 +465,7 @@ class Leaderboard:
                  "Generated by `agentgym-opd leaderboard build` from `leaderboard/records/`; the page "
                  "(`index.html`) has the same tables, sortable, with curves and episode views.", "",
                  "Ranked tables: the primary metric per split as mean [95% interval] (seeds: Student-t over seed "
-                 "means; one record: normal over episodes), ranked by the first (held-out) split. "
+                 f"means; one record: {interval_words()}), ranked by the first (held-out) split. "
                  "A `*` marks a row whose evaluation protocol differs from the bench's; `(reproduced)` a rerun.", ""]
         for table in self.family_tables(rows):
             lines += [f"## {md_cell(table.family)}", "",

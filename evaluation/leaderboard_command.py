@@ -1,8 +1,11 @@
 """`agentgym-opd leaderboard [--root DIR] add RECORD... | build [--check] | reproduce RECORD | stamp RECORD... | import-bench OUT_DIR`.
 
 Exit codes: 0 done; 1 ``build --check`` found the committed outputs stale, or ``reproduce`` got another
-number; 2 bad input (a record that does not validate, a duplicate, a file that is no record), with one
-``error:`` line and no traceback.
+number; 2 bad input (a record that does not validate, a duplicate, a file that is no record, a ``stamp``
+command that disagrees with its record), with an ``error:`` line (one more per further refused record)
+and no traceback. ``add``, ``import-bench`` and ``stamp`` check every record before writing any, so on
+exit 2 nothing was written. ``import-bench`` skips (and reports) records already published: rerunning it
+is safe.
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rep.add_argument("record", help="a record file (e.g. leaderboard/records/<id>.json)")
     rep.add_argument("--add", action="store_true", help="publish the rerun as a 'reproduced' record")
     rep.add_argument("--timeout", type=float, default=3600, help="seconds the rerun may take (default 3600)")
-    stamp = sub.add_parser("stamp", help="add provenance to records written by `agentgym-opd eval` (in place)")
+    stamp = sub.add_parser("stamp", help="add provenance to records `agentgym-opd eval` wrote without it (eval --out "
+                                          "stamps its own); refuses a command that disagrees with the record (in place)")
     stamp.add_argument("records", nargs="+")
     stamp.add_argument("--command", required=True, help="the `agentgym-opd eval ...` command that wrote them, quoted")
-    imp = sub.add_parser("import-bench", help="publish a finished bench's records with provenance and episodes")
+    imp = sub.add_parser("import-bench", help="publish a finished bench's records with provenance and episodes "
+                                              "(records already published are skipped: safe to rerun)")
     imp.add_argument("output_dir", help="the bench's --output-dir")
     imp.add_argument("--episodes", type=int, default=3, help="evaluation episodes kept per run, held-out split (default 3)")
     imp.add_argument("--command", default=None,
@@ -54,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
             import_bench(args.output_dir, board, command=args.command.split() if args.command else None,
                          episodes=args.episodes)
         if args.action == "add":
-            for path in args.records:
-                print(f"added {board.add(path)}")
+            _add(board, args.records)
             if args.no_build:
                 return 0
         if args.action == "build" and args.check:
@@ -73,18 +77,65 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add(board: Leaderboard, paths: list[str]) -> list[Path]:
+    """Publish record files all or nothing: every file is read, validated and checked against the board and
+    the other files before the first is written, so a bad file among good ones publishes none and leaves
+    the records and the tables as they were (one good file written, then an error, left the tables stale)."""
+    items, problems = [], []
+    for path in paths:
+        try:
+            items.append((path, board.read_record(path)))
+        except RecordError as err:
+            problems.append(str(err))
+    plan = board.plan(items)
+    plan.problems[:0] = problems
+    plan.check(fix="fix or leave out the refused file(s) and run it again")
+    _warn_unregistered(plan.new)
+    written = board.write([record for _, record in plan.new])
+    for path in written:
+        print(f"added {path}")
+    return written
+
+
+def _warn_unregistered(items: list[tuple[str, dict]]) -> None:
+    """Warn about each algorithm id that nothing installed here registers. It is still published (a plugin's
+    method may be published from a machine without the plugin), but a misspelt id would make a row apart
+    from its method's, so the user should see it."""
+    from agentgym_opd.registry import algorithm_registry
+    from evaluation.records import REFERENCE_ROWS
+    from evaluation.runner import SCRIPTED_AGENTS
+
+    registered = algorithm_registry.ids()
+    known = {*registered, "base", *REFERENCE_ROWS, *SCRIPTED_AGENTS}  # base: an untrained model
+    for source, record in items:
+        if record["algorithm"] not in known:
+            print(f"warning: {source}: algorithm {record['algorithm']!r} is not registered here (registered: "
+                  f"{', '.join(registered)}); publishing it anyway. If it is a plugin's method, that plugin is not "
+                  "installed here; if it is a typo, remove the record and add it again with the right id",
+                  file=sys.stderr)
+
+
 def _stamp(board: Leaderboard, args: argparse.Namespace) -> int:
+    """Stamp every record with the command's provenance, each checked first against what the record says
+    of its own run; any refusal (naming the file and the fields that differ) leaves every file untouched."""
     import shlex
 
     from evaluation.provenance import stamp_eval_record
     from evaluation.records import validate_record
 
     command = shlex.split(args.command)
+    stamped = []
     for path in args.records:
-        record = stamp_eval_record(board.read_record(path), command)
-        validate_record(record)
+        record = board.read_record(path)
+        had_provenance = "provenance" in record
+        try:
+            stamped.append((path, validate_record(stamp_eval_record(record, command)), had_provenance))
+        except RecordError as err:
+            raise RecordError(f"{path}: {err}; nothing was stamped") from err
+    for path, record, had_provenance in stamped:
         Path(path).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        print(f"stamped {path}")
+        print(f"stamped {path}" + (" (it already carried provenance: `agentgym-opd eval --out` stamps what it writes)"
+                                   if had_provenance else ""))
     return 0
 
 

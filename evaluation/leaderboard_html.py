@@ -147,12 +147,12 @@ def _error_table(table: "FamilyTable") -> list[str]:
 
 
 def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
-    from evaluation.leaderboard import metric_title
+    from evaluation.leaderboard import interval_words, metric_title
 
     body = ["<h1>agentgym-opd leaderboard</h1>",
             '<p class="note">Per env family, methods ranked by the primary metric on the held-out split (first '
             "column). Cells: mean <span class=\"ci\">[95% interval]</span>: across seeds a Student-t interval of "
-            "the seed means; for one record Wilson's interval over its episodes. Highlighted: best in the column "
+            f"the seed means; for one record {escape(interval_words(), quote=False)}. Highlighted: best in the column "
             "(where the column's values differ). "
             "&#x2731; marks a row evaluated under another protocol than the bench's. Click a header to sort.</p>"]
     tables = board.family_tables(rows)

@@ -78,6 +78,18 @@ def _protocol_for(env_id: str, source: PolicySource, action_parser: str | None, 
     return env_protocol(env_id, action_parser=action_parser, system_prompt=system_prompt)
 
 
+def record_protocol(env_id: str, source: PolicySource, *, temperature: float, top_p: float, samples: int,
+                    max_new_tokens: int, max_turns: int | None, backend: str, action_parser: str | None,
+                    system_prompt: str | None) -> dict[str, Any]:
+    """The ``protocol`` field an evaluation with these settings writes, the parser and prompt resolved as the
+    module docstring says. One function for both, so `leaderboard stamp` compares a command with a record
+    exactly as eval would have written it."""
+    protocol = _protocol_for(env_id, source, action_parser, system_prompt)
+    return {"temperature": temperature, "top_p": top_p, "samples": samples, "max_new_tokens": max_new_tokens,
+            "max_turns": max_turns, "backend": backend, "action_parser": protocol.action_parser,
+            "system_prompt": protocol.system_prompt}
+
+
 class _Progress:
     """Episodes done / total with ETA, success so far and tokens/s on the bar, updated as each episode ends;
     each episode appended to the JSONL at once, so an interrupt loses only the episodes still running."""
@@ -160,8 +172,10 @@ def evaluate_policy(
         env_kwargs["max_turns"] = max_turns
     task_ids, split = _selected_tasks(env_id, episodes, env_kwargs)
     source = resolve_policy(policy)
-    protocol = _protocol_for(env_id, source, action_parser, system_prompt)
-    parser = resolve_action_parser(protocol.action_parser)
+    settings = record_protocol(env_id, source, temperature=temperature, top_p=top_p, samples=samples,
+                               max_new_tokens=max_new_tokens, max_turns=max_turns, backend=backend,
+                               action_parser=action_parser, system_prompt=system_prompt)
+    parser = resolve_action_parser(settings["action_parser"])
     context = max_context_tokens or int(source.run_model.get("max_seq_len") or DEFAULT_MAX_CONTEXT_TOKENS)
     try:
         sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
@@ -173,9 +187,6 @@ def evaluate_policy(
     model = load_policy(source, backend=backend, device=device, dtype=dtype, max_context_tokens=context, seed=seeds[0])
     batch_size = num_envs or rows_for_memory(model, context, int(memory_budget_gb * 2**30))
     k_values = tuple(sorted({*DEFAULT_K_VALUES, samples}))
-    settings = {"temperature": temperature, "top_p": top_p, "samples": samples, "max_new_tokens": max_new_tokens,
-                "max_turns": max_turns, "backend": backend, "action_parser": protocol.action_parser,
-                "system_prompt": protocol.system_prompt}
     records = []
     for i, seed in enumerate(seeds):
         out = Path(out_paths[i]) if out_paths is not None else None
@@ -189,7 +200,7 @@ def evaluate_policy(
         interrupted = False
         try:
             play_tasks(model, env_id, task_ids, sampling=sampling, action_parser=parser,
-                       system_prompt=protocol.system_prompt, samples=samples, seed=seed * _SEED_STRIDE,
+                       system_prompt=settings["system_prompt"], samples=samples, seed=seed * _SEED_STRIDE,
                        batch_size=batch_size, max_context_tokens=context, env_kwargs=env_kwargs, on_episode=bar)
         except KeyboardInterrupt:
             interrupted = True

@@ -25,6 +25,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from evaluation.records import RecordError
+
 PACKAGES = ("agentgym-opd", "torch", "transformers", "tokenizers", "numpy", "gymnasium", "peft", "accelerate")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 KEYS = {"packages", "tasks_sha256", "chat_template_sha256", "weights_sha256", "command", "seeds", "device"}
@@ -161,51 +163,137 @@ def stamp_eval_record(record: dict[str, Any], command: Sequence[str]) -> dict[st
     """Fill ``provenance`` (and ``origin``) of a record written by ``command`` = ``agentgym-opd eval ...``.
 
     The command is parsed with eval's own parser and the evaluated tasks, the model's weights and its chat
-    template are hashed from what that command evaluates. ``agentgym-opd eval`` can call this on each
-    record it writes (``stamp_eval_record(record, command_line())``); ``agentgym-opd leaderboard stamp``
-    does it afterwards for records made without it.
+    template are hashed from what that command evaluates. A command that disagrees with what the record
+    states about its own run (env, episodes, seed, policy, protocol) is refused with a RecordError naming
+    each difference: its provenance would describe another evaluation, and `reproduce` would rerun that.
+    ``agentgym-opd eval --out`` calls this on each record it writes; ``agentgym-opd leaderboard stamp``
+    does it afterwards for records written without it.
     """
-    import argparse
-
-    from agentgym_opd.config import parse_key_values
-    from agentgym_opd.registry import make
-    from evaluation import eval_command
-    from evaluation.records import RecordError
-    from evaluation.runner import SCRIPTED_AGENTS, select_tasks
+    from evaluation.runner import SCRIPTED_AGENTS
 
     command = list(command)
-    if command[:2] != ["agentgym-opd", "eval"]:
-        raise RecordError(f"stamp takes the `agentgym-opd eval ...` command that wrote the record, got {command[:2]!r}")
-    parser = argparse.ArgumentParser(prog="agentgym-opd eval", add_help=False)
-    eval_command.add_arguments(parser)
-    try:
-        args = parser.parse_args(command[2:])
-    except SystemExit as err:
-        raise RecordError(f"the command is not a valid `agentgym-opd eval` command: {' '.join(command)}") from err
-    if args.env != record["env_id"]:
-        raise RecordError(f"the command evaluates {args.env}, the record {record['env_id']}: not the command that wrote it")
-    env_kwargs = parse_key_values(args.env_arg, "--env-arg")
-    env = make(args.env, **env_kwargs)
-    try:
-        tasks = [env.get_task(t) for t in select_tasks(env.task_ids(), args.episodes)]
-    finally:
-        env.close()
+    args = _parse_eval_command(command)
+    source = None if args.policy in SCRIPTED_AGENTS else _policy_source(args.policy)
+    tasks = _command_tasks(args) if args.env == record["env_id"] else None
+    problems = command_disagreements(record, args, source, None if tasks is None else len(tasks))
+    if problems:
+        raise RecordError(_refusal(record, problems))
     policy = None
-    if args.policy not in SCRIPTED_AGENTS:
-        from evaluation.policy_eval import load_policy, resolve_policy
+    if source is not None:
+        from evaluation.policy_eval import load_policy
 
-        source = resolve_policy(args.policy)
         policy = load_policy(source, device="cpu", dtype=args.dtype)
         if source.checkpoint is not None and "budget" not in record:
             budget = training_budget(source.checkpoint)
             if budget is not None:
                 record["budget"] = budget
-    seeds = args.seeds if args.seeds is not None else [args.seed if args.seed is not None else 0]
     device = "cpu"
     if args.device != "cpu" and policy is not None:
         import torch
 
         device = "cuda" if (args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())) else "cpu"
-    record["provenance"] = collect(tasks_sha=tasks_sha256(tasks), seeds=seeds, command=command, policy=policy, device=device)
+    record["provenance"] = collect(tasks_sha=tasks_sha256(tasks), seeds=_seeds(args), command=command, policy=policy, device=device)
     record.setdefault("origin", "original")
     return record
+
+
+def _parse_eval_command(command: list[str]) -> Any:
+    """The command's arguments, parsed by `agentgym-opd eval`'s own parser (so its defaults apply)."""
+    import argparse
+
+    from evaluation import eval_command
+
+    if command[:2] != ["agentgym-opd", "eval"]:
+        raise RecordError(f"stamp takes the `agentgym-opd eval ...` command that wrote the record, got {command[:2]!r}")
+    parser = argparse.ArgumentParser(prog="agentgym-opd eval", add_help=False, exit_on_error=False)
+    eval_command.add_arguments(parser)
+    try:
+        return parser.parse_args(command[2:])
+    except (SystemExit, argparse.ArgumentError) as err:
+        raise RecordError(f"the command is not a valid `agentgym-opd eval` command: {' '.join(command)}") from err
+
+
+def _seeds(args: Any) -> list[int]:
+    """The seeds an eval command runs (its default: seed 0)."""
+    return args.seeds if args.seeds is not None else [args.seed if args.seed is not None else 0]
+
+
+def _policy_source(policy: str) -> Any:
+    """What the command's ``--policy`` names here, as eval resolves it (its record's algorithm and models)."""
+    from evaluation.policy_eval import resolve_policy
+
+    try:
+        return resolve_policy(policy)
+    except ValueError as err:  # PolicySetupError: the message says what --policy may be
+        raise RecordError(f"the command's policy cannot be found from here: {err}") from err
+
+
+def _command_tasks(args: Any) -> list[Any]:
+    """The tasks the command evaluates, in order, as eval selects them."""
+    from agentgym_opd.config import parse_key_values
+    from agentgym_opd.registry import make
+    from evaluation.runner import select_tasks
+
+    try:
+        env = make(args.env, **parse_key_values(args.env_arg, "--env-arg"))
+    except (LookupError, ValueError, TypeError) as err:
+        raise RecordError(f"cannot build the command's env {args.env} here ({err}); install the package that "
+                          "registers it") from err
+    try:
+        return [env.get_task(t) for t in select_tasks(env.task_ids(), args.episodes)]
+    finally:
+        env.close()
+
+
+def command_disagreements(record: dict[str, Any], args: Any, source: Any, n_tasks: int | None) -> list[str]:
+    """Each field where the record states something other than what the parsed eval command writes
+    (``source``: the command's model, None for a scripted agent; ``n_tasks``: the tasks it evaluates, None
+    when its env differs), as 'field (record: X, command: Y)'."""
+    problems: list[str] = []
+
+    def compare(name: str, have: Any, want: Any) -> None:
+        if have != want:
+            problems.append(f"{name} (record: {have!r:.80}, command: {want!r:.80})")
+
+    compare("env_id", record["env_id"], args.env)
+    if record["seed"] not in _seeds(args):
+        problems.append(f"seed (record: {record['seed']}, command: seeds {_seeds(args)})")
+    if n_tasks is not None:
+        expected, n = n_tasks * args.samples, record["n_episodes"]
+        partial = (record.get("protocol") or {}).get("partial") is True  # an interrupted run kept fewer
+        if n != expected and not (partial and n < expected):
+            problems.append(f"n_episodes (record: {n}, command: {expected} = {n_tasks} tasks x {args.samples} samples"
+                            f"{'' if args.episodes is None else f', from --episodes {args.episodes}'})")
+    for name, want in _written_names(args, source).items():
+        compare(name, record.get(name), want)
+    if source is not None:
+        for key, want in _written_protocol(args, source).items():
+            compare(f"protocol.{key}", (record.get("protocol") or {}).get(key), want)
+    return problems
+
+
+def _written_names(args: Any, source: Any) -> dict[str, Any]:
+    """The algorithm, student and teacher an eval command writes into its record."""
+    if source is None:  # a scripted agent
+        return {"algorithm": args.policy, "student": f"scripted:{args.policy}", "teacher": None}
+    return {"algorithm": source.algorithm, "student": source.student, "teacher": source.teacher}
+
+
+def _written_protocol(args: Any, source: Any) -> dict[str, Any]:
+    """The ``protocol`` a model eval command writes into its record."""
+    from evaluation.policy_eval import record_protocol
+
+    return record_protocol(args.env, source, temperature=args.temperature, top_p=args.top_p, samples=args.samples,
+                           max_new_tokens=args.max_new_tokens, max_turns=args.max_turns, backend=args.backend,
+                           action_parser=args.action_parser, system_prompt=args.system_prompt)
+
+
+def _refusal(record: dict[str, Any], problems: list[str]) -> str:
+    """The refusal's text: every difference, the fix, and whether the record already carries provenance."""
+    text = (f"the command disagrees with the record on {'; '.join(problems)}: not the command that wrote it; pass "
+            "the exact `agentgym-opd eval ...` command that wrote the record")
+    if record.get("provenance"):
+        text += (f". The record already carries provenance (command: {' '.join(record['provenance']['command'])}): "
+                 "`agentgym-opd eval --out` stamps what it writes, so stamping is only needed for records written "
+                 "without it")
+    return text

@@ -148,3 +148,64 @@ def test_a_familys_caption_names_what_its_success_rate_is():
     assert metric_title("searchqa", "success_rate") == "success_rate (= exact match)"
     assert metric_title("household", "success_rate") == "success_rate"
     assert metric_title("code", "pass@1") == "pass@1"
+
+
+def _files(root) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_cli_add_publishes_all_files_or_none(tmp_path, capsys):
+    """A bad file among good ones, two files of the same run, or a file already published: nothing is
+    written, exit 2, and the error names the file; the records and the tables stay exactly as they were."""
+    from agentgym_opd.cli import main
+
+    root = tmp_path / "lb"
+    files = {}
+    for name, record in {"first": make_record("sft", 0, 0.4), "good": make_record("opd", 0, 0.5),
+                         "bad": make_record("grpo", 0, 1.5), "same_run": make_record("opd", 0, 0.6)}.items():
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(json.dumps(record))
+    assert main(["leaderboard", "--root", str(root), "add", str(files["first"])]) == 0
+    before = _files(root)
+    capsys.readouterr()
+    for batch, named in [(["good", "bad"], "bad.json: field 'metrics'"),
+                         (["good", "same_run"], "same_run.json: duplicate record: "),
+                         (["good", "good"], "the same record as"),
+                         (["good", "first"], "first.json: duplicate record: identical content is already published")]:
+        assert main(["leaderboard", "--root", str(root), "add", *(str(files[n]) for n in batch)]) == 2, batch
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and named in err and "nothing was published" in err, err
+        assert _files(root) == before, batch
+    assert main(["leaderboard", "--root", str(root), "build", "--check"]) == 0
+    assert main(["leaderboard", "--root", str(root), "add", str(files["good"])]) == 0  # the good file alone goes in
+    assert len(list((root / "records").glob("*.json"))) == 2
+
+
+def test_the_tables_caption_names_the_interval_a_single_record_gets(tmp_path):
+    """One record's success_rate cell is Wilson's interval over its episodes, and the captions say so."""
+    from evaluation.leaderboard import wilson_interval
+
+    board = Leaderboard(tmp_path / "lb")
+    board.add(make_record("opd", 0, 0.5, n_episodes=10))
+    md = board.markdown(board.rows(board.load_records()))
+    caption = next(line for line in md.splitlines() if line.startswith("Ranked tables:"))
+    assert "one record: Wilson's score interval over its episodes for success_rate, mean +- 1.96 se for other" in caption
+    low, high = wilson_interval(0.5, 10)
+    assert f"0.500 [{low:.3f}, {high:.3f}]" in md and f"[{0.5 - 1.96 * 0.05:.3f}" not in md
+    board.build()  # the page says the same
+    assert "for one record Wilson's score interval over its episodes for success_rate, mean +- 1.96 se for other" in (
+        tmp_path / "lb" / "index.html").read_text()
+
+
+def test_cli_add_warns_about_an_algorithm_nothing_here_registers_and_publishes_it(tmp_path, capsys):
+    from agentgym_opd.cli import main
+
+    paths = []
+    for algorithm in ("my_lab_opd", "opd", "teacher", "base"):
+        paths.append(tmp_path / f"{algorithm}.json")
+        paths[-1].write_text(json.dumps(make_record(algorithm, 0, 0.5)))
+    assert main(["leaderboard", "--root", str(tmp_path / "lb"), "add", *map(str, paths)]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "algorithm 'my_lab_opd' is not registered here" in warnings[0], warnings
+    assert "registered: " in warnings[0] and "opd, " in warnings[0] and "sage_opd" in warnings[0]
+    assert len(Leaderboard(tmp_path / "lb").load_records()) == 4

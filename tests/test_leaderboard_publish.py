@@ -221,6 +221,41 @@ def test_stamp_hashes_the_evaluated_models_weights_and_chat_template(tmp_path):
                                   "agentgym-opd eval --policy tiny --env household/valid_unseen"],
                            capture_output=True, text=True, cwd=tmp_path)
     assert wrong.returncode == 2 and "not the command that wrote it" in wrong.stderr
+    # the same model under another protocol than the record's: refused, naming the field and both values
+    before = (tmp_path / "rec.json").read_bytes()
+    other = subprocess.run(CLI + ["leaderboard", "stamp", str(tmp_path / "rec.json"), "--command",
+                                  "agentgym-opd eval --policy tiny --env household/valid_seen --episodes 1 "
+                                  "--max-new-tokens 16 --max-turns 1 --device cpu"], capture_output=True, text=True, cwd=tmp_path)
+    assert other.returncode == 2 and "protocol.max_new_tokens (record: 4, command: 16)" in other.stderr, other.stderr
+    assert (tmp_path / "rec.json").read_bytes() == before
+
+
+def test_stamp_refuses_a_command_that_disagrees_with_the_record_and_stamps_a_matching_one(tmp_path, capsys):
+    """Stamping an 8-episode record with a 100-episode command would make `reproduce` rerun another
+    evaluation: refused (exit 2, every file untouched) naming each field, and saying the record already
+    carries provenance from `eval --out`."""
+    from agentgym_opd.cli import main
+
+    rec, other = tmp_path / "rec.json", tmp_path / "other.json"
+    for path, seed in ((rec, 0), (other, 1)):
+        assert main(["eval", "--policy", "random", "--env", "household/valid_seen", "--episodes", "8", "--seed", str(seed),
+                     "--no-progress", "--out", str(path)]) == 0
+    before = {p: p.read_bytes() for p in (rec, other)}
+    capsys.readouterr()
+    command = "agentgym-opd eval --policy random --env household/valid_seen --episodes {n} --seeds 0 1"
+    for wrong, fields in [(command.format(n=100), ["n_episodes (record: 8, command: 100 = 100 tasks x 1 samples"]),
+                          (command.format(n=8).replace("random", "walkthrough"),
+                           ["algorithm (record: 'random', command: 'walkthrough')", "student (record: 'scripted:random'"]),
+                          (command.format(n=8).replace("--seeds 0 1", "--seed 0"), ["other.json", "seed (record: 1, command: seeds [0])"])]:
+        assert main(["leaderboard", "stamp", str(rec), str(other), "--command", wrong]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and all(f in err for f in fields), err
+        assert "already carries provenance" in err and "nothing was stamped" in err
+        assert {p: p.read_bytes() for p in (rec, other)} == before
+    assert main(["leaderboard", "stamp", str(rec), str(other), "--command", command.format(n=8)]) == 0
+    for path in (rec, other):
+        record = validate_record(json.loads(path.read_text()))
+        assert record["provenance"]["command"] == command.format(n=8).split() and record["provenance"]["seeds"] == [0, 1]
 
 
 PLUGIN = '''"""MyOPD: OPD whose per-token signal is the Jensen-Shannon divergence (a third-party plugin method)."""
@@ -279,3 +314,98 @@ def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
     assert "my_opd" in (tmp_path / "lb" / "index.html").read_text()
     again = cli("leaderboard", "reproduce", "rec.json")
     assert "same numbers" in again.stdout
+
+
+# ----------------------------------------------------------------------------------------------------
+# import-bench: check everything first, skip what is already published
+# ----------------------------------------------------------------------------------------------------
+
+
+def finished_bench(tmp_path: Path, rows: list[tuple[str, int]]) -> Path:
+    """A finished bench's output folder (summary.json and records/, as `bench.save_records` names them), with
+    no models in it: the tests below stand in for the checkpoints (see `no_models`)."""
+    import dataclasses
+
+    from evaluation.bench import BenchSettings, bench_section
+
+    out = tmp_path / "bench"
+    settings = BenchSettings.quick(base_models="off", algos=["grpo"], output_dir=str(out))
+    (out / "records").mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps({"settings": dataclasses.asdict(settings), "eval_envs": [
+        "household/train", "household/valid_seen", "household/valid_unseen"]}))
+    for algorithm, seed in rows:
+        record = make_record(algorithm, seed, 0.25, algorithm_config={"bench": bench_section(settings)}, n_episodes=4)
+        (out / "records" / f"{algorithm}__household_valid_unseen__seed{seed}.json").write_text(json.dumps(record))
+    return out
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    """import-bench without checkpoints: no model is loaded (no weights hash) and no episode replayed; the
+    calls are counted."""
+    import evaluation.bench
+    import evaluation.bench_import
+
+    calls = {"load": 0, "replay": 0}
+
+    def load(path, settings):
+        calls["load"] += 1
+
+    def replay(record, policy, settings, out, tasks, limit):
+        calls["replay"] += 1
+        return []
+
+    monkeypatch.setattr(evaluation.bench, "load_frozen_policy", load)
+    monkeypatch.setattr(evaluation.bench_import, "checkpoint_of", lambda out, record, settings: out / record["algorithm"])
+    monkeypatch.setattr(evaluation.bench_import, "replay_traces", replay)
+    return calls
+
+
+def import_bench_cli(root: Path, out: Path) -> int:
+    from agentgym_opd.cli import main
+
+    return main(["leaderboard", "--root", str(root), "import-bench", str(out)])
+
+
+def test_import_bench_twice_publishes_once_and_the_second_run_is_a_no_op(tmp_path, no_models, capsys):
+    out = finished_bench(tmp_path, [("warm_start", 0), ("teacher", 0), ("grpo", 0)])
+    root = tmp_path / "lb"
+    assert import_bench_cli(root, out) == 0
+    assert no_models["replay"] == 3 and len(list((root / "records").glob("*.json"))) == 3
+    before = _files(root)
+    capsys.readouterr()
+    assert import_bench_cli(root, out) == 0
+    stdout = capsys.readouterr().out
+    assert stdout.count("already published: ") == 3 and "added " not in stdout, stdout
+    assert no_models["replay"] == 3  # nothing new: no episode replayed again
+    assert _files(root) == before
+
+
+def test_import_bench_skips_a_published_reference_row_and_refuses_a_different_one(tmp_path, no_models, capsys):
+    root = tmp_path / "lb"
+    out = finished_bench(tmp_path, [("teacher", 0)])
+    assert import_bench_cli(root, out) == 0  # an earlier import published the teacher's row
+    out = finished_bench(tmp_path, [("teacher", 0), ("warm_start", 0), ("grpo", 0)])  # a bench that has it too
+    capsys.readouterr()
+    assert import_bench_cli(root, out) == 0
+    stdout = capsys.readouterr().out
+    assert "already published: " in stdout and "teacher__household_valid_unseen__seed0.json" in stdout, stdout
+    assert sorted(r["algorithm"] for r in Leaderboard(root).load_records()) == ["grpo", "teacher", "warm_start"]
+    assert subprocess.run(CLI + ["leaderboard", "--root", str(root), "build", "--check"]).returncode == 0
+
+    # the teacher's row evaluated again (another wall time): another result for a published run, refused
+    # before any model is loaded, and the new sft row is not published either
+    before, loads = _files(root), no_models["load"]
+    teacher = out / "records" / "teacher__household_valid_unseen__seed0.json"
+    teacher.write_text(json.dumps({**json.loads(teacher.read_text()), "wall_time_s": 99.0}))
+    finished_bench(tmp_path, [("sft", 0)])
+    assert import_bench_cli(root, out) == 2
+    err = capsys.readouterr().err
+    published = next(p for p in (root / "records").glob("*.json") if json.loads(p.read_text())["algorithm"] == "teacher")
+    assert err.startswith("error: ") and str(teacher) in err and str(published) in err and "nothing was published" in err
+    assert "delete the bench's file" in err, err
+    assert _files(root) == before and no_models["load"] == loads
+
+
+def _files(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
