@@ -29,6 +29,7 @@ entities), because names and episode texts come from third parties and agents.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
@@ -37,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evaluation.records import (MAX_RECORD_BYTES, RecordError, REFERENCE_ROWS, env_family, is_rate, lower_is_better, parse_record,
-                                protocol_label, record_id)
+from evaluation.records import (MAX_RECORD_BYTES, RecordError, REFERENCE_ROWS, env_args_label, env_family, is_rate,
+                                lower_is_better, parse_record, protocol_label, record_id)
 
 IDENTITY_FIELDS = ("env_id", "split", "algorithm", "student", "teacher", "seed")
 # the headline metric of an env family, where it is not success
@@ -56,7 +57,8 @@ def metric_title(family: str, metric: str) -> str:
 # split names in the order the ranked table shows them: held-out first (it is the ranking key)
 SPLIT_ORDER = ("valid_unseen", "unseen", "test", "valid_seen", "seen", "valid", "dev", "train")
 # the protocol entries two rows must share to be compared as equals
-COMPARED_PROTOCOL = ("temperature", "samples", "max_new_tokens", "max_turns", "action_parser")
+COMPARED_PROTOCOL = ("temperature", "samples", "max_new_tokens", "max_turns", "action_parser", "env_args",
+                     "system_prompt")
 # per-episode 0/1 outcomes: one record's interval is Wilson's (over its episodes)
 BINARY_METRICS = frozenset({"success_rate"})
 # Student-t 0.975 quantiles, by degrees of freedom (1-30); beyond: the normal 1.96
@@ -102,8 +104,21 @@ def effective_protocol(record: dict[str, Any]) -> dict[str, Any]:
     bench = (record.get("algorithm_config") or {}).get("bench")
     if isinstance(bench, dict):
         return {"temperature": 0.0, "samples": 1, "max_new_tokens": bench.get("max_new_tokens"),
-                "max_turns": bench.get("max_turns"), "action_parser": "text"}
+                "max_turns": bench.get("max_turns"), "action_parser": "text",
+                "env_args": env_args_label(bench.get("env_args")), "system_prompt": family_prompt(record["env_id"])}
     return {k: None for k in COMPARED_PROTOCOL}
+
+
+@functools.lru_cache(maxsize=None)
+def family_prompt(env_id: str) -> str | None:
+    """The system prompt the bench plays ``env_id`` with (the env's registered one; the bench never sets
+    another), or None where no installed package registers the env."""
+    from agentgym_opd.registry import UnknownIdError, env_protocol
+
+    try:
+        return env_protocol(env_id).system_prompt
+    except UnknownIdError:
+        return None
 
 
 def record_budget(record: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -439,6 +454,10 @@ class Leaderboard:
             for m in methods.values():
                 proto = next(iter(m.by_env.values())).effective_protocol
                 m.protocol_differs = bench_protocol is not None and proto != bench_protocol
+                if bench_protocol is not None and not m.protocol_differs and m.protocol:
+                    # an `eval` record made with the bench's protocol (README "Publish a result"): named and
+                    # shown like the bench's rows, not by its protocol's entries
+                    m.display, m.shown_protocol = m.algorithm, "same as bench"
 
             def rank_key(m: Method) -> tuple:
                 sign = 1.0 if lower_is_better(metric) else -1.0

@@ -36,6 +36,7 @@ from agentgym_opd.policy.loading import (DEFAULT_MAX_CONTEXT_TOKENS, PolicySetup
                                          resolve_policy, vllm_available)
 from agentgym_opd.registry import env_protocol, make
 from agentgym_opd.types import Episode
+from evaluation.records import env_args_label
 from evaluation.runner import episode_line, make_record, select_tasks
 
 EvalSetupError = PolicySetupError  # bad evaluation input; the message says what to pass instead
@@ -80,14 +81,16 @@ def _protocol_for(env_id: str, source: PolicySource, action_parser: str | None, 
 
 def record_protocol(env_id: str, source: PolicySource, *, temperature: float, top_p: float, samples: int,
                     max_new_tokens: int, max_turns: int | None, backend: str, action_parser: str | None,
-                    system_prompt: str | None) -> dict[str, Any]:
+                    system_prompt: str | None, env_args: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``protocol`` field an evaluation with these settings writes, the parser and prompt resolved as the
-    module docstring says. One function for both, so `leaderboard stamp` compares a command with a record
-    exactly as eval would have written it."""
+    module docstring says, and the env options (``--env-arg``) when there are any. One function for both, so
+    `leaderboard stamp` compares a command with a record exactly as eval would have written it."""
     protocol = _protocol_for(env_id, source, action_parser, system_prompt)
-    return {"temperature": temperature, "top_p": top_p, "samples": samples, "max_new_tokens": max_new_tokens,
-            "max_turns": max_turns, "backend": backend, "action_parser": protocol.action_parser,
-            "system_prompt": protocol.system_prompt}
+    written = {"temperature": temperature, "top_p": top_p, "samples": samples, "max_new_tokens": max_new_tokens,
+               "max_turns": max_turns, "backend": backend, "action_parser": protocol.action_parser,
+               "system_prompt": protocol.system_prompt}
+    options = env_args_label(env_args)
+    return {**written, "env_args": options} if options is not None else written
 
 
 class _Progress:
@@ -174,7 +177,7 @@ def evaluate_policy(
     source = resolve_policy(policy)
     settings = record_protocol(env_id, source, temperature=temperature, top_p=top_p, samples=samples,
                                max_new_tokens=max_new_tokens, max_turns=max_turns, backend=backend,
-                               action_parser=action_parser, system_prompt=system_prompt)
+                               action_parser=action_parser, system_prompt=system_prompt, env_args=env_kwargs)
     parser = resolve_action_parser(settings["action_parser"])
     context = max_context_tokens or int(source.run_model.get("max_seq_len") or DEFAULT_MAX_CONTEXT_TOKENS)
     try:

@@ -267,8 +267,11 @@ def command_disagreements(record: dict[str, Any], args: Any, source: Any, n_task
     for name, want in _written_names(args, source).items():
         compare(name, record.get(name), want)
     if source is not None:
-        for key, want in _written_protocol(args, source).items():
-            compare(f"protocol.{key}", (record.get("protocol") or {}).get(key), want)
+        written, stated = _written_protocol(args, source), record.get("protocol") or {}
+        # env_args is written only when there are some, so a record stating them against a command without
+        # them is compared too (`partial` marks an interrupted run: not a setting of the command)
+        for key in [*written, *(k for k in ("env_args",) if k in stated and k not in written)]:
+            compare(f"protocol.{key}", stated.get(key), written.get(key))
     return problems
 
 
@@ -281,11 +284,13 @@ def _written_names(args: Any, source: Any) -> dict[str, Any]:
 
 def _written_protocol(args: Any, source: Any) -> dict[str, Any]:
     """The ``protocol`` a model eval command writes into its record."""
+    from agentgym_opd.config import parse_key_values
     from evaluation.policy_eval import record_protocol
 
     return record_protocol(args.env, source, temperature=args.temperature, top_p=args.top_p, samples=args.samples,
                            max_new_tokens=args.max_new_tokens, max_turns=args.max_turns, backend=args.backend,
-                           action_parser=args.action_parser, system_prompt=args.system_prompt)
+                           action_parser=args.action_parser, system_prompt=args.system_prompt,
+                           env_args=parse_key_values(args.env_arg, "--env-arg"))
 
 
 def _refusal(record: dict[str, Any], problems: list[str]) -> str:

@@ -229,6 +229,20 @@ def training_diagnostics(metrics_lines: list[dict[str, Any]]) -> dict[str, float
     return out
 
 
+def env_args_label(env_args: dict[str, Any] | None) -> str | None:
+    """The env constructor options an evaluation used, as one protocol entry: sorted ``key=<JSON value>``
+    pairs (``max_turns`` left out: it has its own entry), a fingerprint when longer than a table cell, None
+    when there are none. Observations depend on them (``status_line=true`` restates the task every turn),
+    so two evaluations that differ here are not comparable."""
+    shown = {k: v for k, v in (env_args or {}).items() if k != "max_turns"}
+    if not shown:
+        return None
+    text = " ".join(f"{k}={json.dumps(shown[k], sort_keys=True)}" for k in sorted(shown))
+    if len(text) > MAX_NAME_CHARS or not text.isprintable():
+        return "#" + hashlib.sha256(text.encode()).hexdigest()[:12]
+    return text
+
+
 # the `agentgym-opd eval` defaults: a display label leaves these out (identity always uses every entry)
 PROTOCOL_DEFAULTS: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "samples": 1, "max_new_tokens": 128,
                                      "max_turns": None, "backend": "hf", "action_parser": "text"}

@@ -67,14 +67,19 @@ def rerun_argv(record: dict[str, Any], out_dir: Path) -> list[str]:
 
 
 def find_match(record: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """The rerun's record of the same env, algorithm, seed and protocol."""
+    """The rerun's record of the same env, algorithm, seed and protocol. Only the protocol entries the
+    published record states are compared: a record written before an entry existed (``env_args``) is still
+    found in its rerun, which states it."""
     key = (record["env_id"], record["algorithm"], record["seed"], protocol_label(record))
+    stated = set(record.get("protocol") or {})
     for path in sorted(folder.rglob("*.json")):
         try:
             candidate = validate_record(json.loads(path.read_text(encoding="utf-8")))
         except (ValueError, RecordError, OSError):
             continue
-        if (candidate["env_id"], candidate["algorithm"], candidate["seed"], protocol_label(candidate)) == key:
+        protocol = {k: v for k, v in (candidate.get("protocol") or {}).items() if k in stated}
+        if (candidate["env_id"], candidate["algorithm"], candidate["seed"],
+                protocol_label({"protocol": protocol})) == key:
             return candidate
     raise RecordError(f"the rerun wrote no record for {key} under {folder}")
 

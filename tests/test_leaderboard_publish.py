@@ -138,6 +138,33 @@ def test_a_plugin_methods_record_is_accepted_and_a_different_protocol_is_marked(
     assert '<tr class="differs" data-algorithm="my_lab_opd"' in html and '<tr data-algorithm="opd"' in html
 
 
+def test_an_eval_record_with_the_benchs_protocol_and_env_options_is_shown_as_the_benchs_and_without_them_is_marked(tmp_path):
+    """README "Publish a result": evaluated with the bench's settings *and* its env options, a row compares
+    like the bench's; the same settings without `--env-arg` (other observations) carry the mark."""
+    from agentgym_opd.action_parsing import ONE_ACTION_PROMPT
+    from evaluation.records import env_args_label
+
+    board = Leaderboard(tmp_path / "lb")
+    options = {"status_line": True, "turn_counter": True}
+    board.add(make_record("opd", 0, 0.5, algorithm_config={"bench": {"max_new_tokens": 16, "max_turns": 20,
+                                                                     "budget_episodes": 64, "env_args": options}}))
+    protocol = {"temperature": 0.0, "top_p": 1.0, "samples": 1, "max_new_tokens": 16, "max_turns": 20, "backend": "hf",
+                "action_parser": "text", "system_prompt": ONE_ACTION_PROMPT}
+    board.add(make_record("my_opd", 0, 0.6, protocol={**protocol, "env_args": env_args_label({**options, "max_turns": 20})}))
+    board.add(make_record("my_opd_plain", 0, 0.4, protocol=protocol))
+    board.add(make_record("my_opd_prompt", 0, 0.3, protocol={**protocol, "system_prompt": "Think, then act.",
+                                                             "env_args": env_args_label(options)}))
+    board.build()
+    lines = (tmp_path / "lb" / "LEADERBOARD.md").read_text().splitlines()
+    row = {name: next(line for line in lines if line.startswith("| ") and f"| {name}" in line)
+           for name in ("my_opd", "my_opd_plain", "my_opd_prompt")}
+    assert "| my_opd |" in row["my_opd"] and row["my_opd"].endswith("| same as bench |")
+    assert "| my_opd_plain [" in row["my_opd_plain"] and "] * |" in row["my_opd_plain"]
+    assert "] * |" in row["my_opd_prompt"]  # another system prompt is another protocol too
+    assert env_args_label({"max_turns": 20}) is None and env_args_label({"b": 1, "a": [1, 2]}) == "a=[1, 2] b=1"
+    assert env_args_label({"x": "y" * 300}).startswith("#")  # too long for a cell: its fingerprint
+
+
 def eval_record(tmp_path: Path, command_tail: list[str]) -> dict:
     """A record written by `agentgym-opd eval`, then stamped with its provenance by `leaderboard stamp`."""
     out = tmp_path / "rec.json"
@@ -227,6 +254,12 @@ def test_stamp_hashes_the_evaluated_models_weights_and_chat_template(tmp_path):
                                   "agentgym-opd eval --policy tiny --env household/valid_seen --episodes 1 "
                                   "--max-new-tokens 16 --max-turns 1 --device cpu"], capture_output=True, text=True, cwd=tmp_path)
     assert other.returncode == 2 and "protocol.max_new_tokens (record: 4, command: 16)" in other.stderr, other.stderr
+    # env options change what the model sees: a command with them does not match a record made without them
+    options = subprocess.run(CLI + ["leaderboard", "stamp", str(tmp_path / "rec.json"), "--command",
+                                    "agentgym-opd eval --policy tiny --env household/valid_seen --episodes 1 "
+                                    "--max-new-tokens 4 --max-turns 1 --device cpu --env-arg status_line=true"],
+                             capture_output=True, text=True, cwd=tmp_path)
+    assert options.returncode == 2 and "protocol.env_args (record: None, command: 'status_line=true')" in options.stderr
     assert (tmp_path / "rec.json").read_bytes() == before
 
 
