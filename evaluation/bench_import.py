@@ -160,6 +160,9 @@ def replay_traces(record: dict[str, Any], policy: Any, settings: Any, out: Path,
 
 # the fields import-bench adds to a bench's record file
 IMPORTED_FIELDS = ("provenance", "budget", "origin", "episodes")
+# what differs when a bench measures the same thing again (a reference row of `bench --algos X`, a rerun):
+# when, how long, at which commit; the numbers, settings and protocol must still be equal
+RERUN_FIELDS = ("created", "wall_time_s", "throughput", "code_revision", "algorithm_config.bench.train_wall_time_s")
 
 
 def import_bench(out_dir: str | Path, board: Any, *, command: list[str] | None = None, episodes: int = 3,
@@ -170,16 +173,19 @@ def import_bench(out_dir: str | Path, board: Any, *, command: list[str] | None =
     skipped and reported (so importing a bench twice, or a bench that re-ran reference rows an earlier
     import published, adds only what is new), and one that differs from a published record of the same
     run refuses the whole import. The comparison leaves out the kept episode traces, which are replayed
-    illustrations (a GPU replays them within rounding), not the result."""
+    illustrations (a GPU replays them within rounding), not the result, and what a second measurement of
+    the same thing changes (``RERUN_FIELDS``; the bench command, its seed list and package versions): the
+    numbers, settings, protocol, task and weights hashes must be equal."""
     out = Path(out_dir)
     summary, settings = _finished_bench(out)
     records = sorted(((str(path), board.read_record(path)) for path in (out / "records").glob("*.json")), key=_model_order)
     # a bench file that already clashes with the board fails here, before any model is loaded
-    board.plan(records, skip_published=True, ignore=IMPORTED_FIELDS).check(fix=IMPORT_FIX)
+    board.plan(records, skip_published=True, ignore=IMPORTED_FIELDS + RERUN_FIELDS).check(fix=IMPORT_FIX)
     argv = command or bench_command(summary["settings"])
     load = _policy_loader(settings)
     stamped = [(source, _stamp(out, record, settings, argv, load)) for source, record in records]
-    plan = board.plan(stamped, skip_published=True, ignore=("episodes",))
+    plan = board.plan(stamped, skip_published=True, ignore=("episodes", "provenance.command", "provenance.seeds",
+                                                            "provenance.packages") + RERUN_FIELDS)
     plan.check(fix=IMPORT_FIX)
     for source, path in plan.already:
         log(f"already published: {source} as {path}")

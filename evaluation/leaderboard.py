@@ -239,8 +239,19 @@ class AddPlan:
 
 def same_result(a: dict[str, Any], b: dict[str, Any], ignore: tuple[str, ...] = ()) -> bool:
     """Whether two records hold identical content apart from the ``ignore`` fields (compared as the record
-    id compares them: canonical JSON)."""
-    return record_id({k: v for k, v in a.items() if k not in ignore}) == record_id({k: v for k, v in b.items() if k not in ignore})
+    id compares them: canonical JSON). A dotted name (``algorithm_config.bench.train_wall_time_s``) leaves
+    out a nested entry."""
+    return record_id(_without(a, ignore)) == record_id(_without(b, ignore))
+
+
+def _without(record: dict[str, Any], ignore: tuple[str, ...]) -> dict[str, Any]:
+    """``record`` less the ``ignore`` fields (dotted names reach into nested objects); the record is not changed."""
+    out = {k: v for k, v in record.items() if k not in ignore}
+    for name in ignore:
+        head, _, rest = name.partition(".")
+        if rest and isinstance(out.get(head), dict):
+            out[head] = _without(out[head], (rest,))
+    return out
 
 
 def _run_text(record: dict[str, Any]) -> str:

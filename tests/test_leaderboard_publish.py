@@ -426,12 +426,25 @@ def test_import_bench_skips_a_published_reference_row_and_refuses_a_different_on
     assert sorted(r["algorithm"] for r in Leaderboard(root).load_records()) == ["grpo", "teacher", "warm_start"]
     assert subprocess.run(CLI + ["leaderboard", "--root", str(root), "build", "--check"]).returncode == 0
 
-    # the teacher's row evaluated again (another wall time): another result for a published run, refused
-    # before any model is loaded, and the new sft row is not published either
-    before, loads = _files(root), no_models["load"]
+    # the teacher's row measured again by a later bench (`bench --algos sft`): another wall time and date,
+    # the same numbers: the same result, skipped, and the new sft row is published
     teacher = out / "records" / "teacher__household_valid_unseen__seed0.json"
-    teacher.write_text(json.dumps({**json.loads(teacher.read_text()), "wall_time_s": 99.0}))
+    again = json.loads(teacher.read_text())
+    again["algorithm_config"]["bench"]["train_wall_time_s"] = 12.0
+    teacher.write_text(json.dumps({**again, "wall_time_s": 99.0, "created": "2026-12-06T10:00:00+00:00"}))
     finished_bench(tmp_path, [("sft", 0)])
+    capsys.readouterr()
+    assert import_bench_cli(root, out) == 0
+    assert "already published: " in capsys.readouterr().out
+    assert sorted(r["algorithm"] for r in Leaderboard(root).load_records()) == ["grpo", "sft", "teacher", "warm_start"]
+
+    # other numbers for a published run: refused before any model is loaded, and the new sft row of seed 1
+    # is not published either
+    before, loads = _files(root), no_models["load"]
+    changed = json.loads(teacher.read_text())
+    changed["metrics"]["success_rate"]["mean"] = 0.5
+    teacher.write_text(json.dumps(changed))
+    finished_bench(tmp_path, [("sft", 1)])
     assert import_bench_cli(root, out) == 2
     err = capsys.readouterr().err
     published = next(p for p in (root / "records").glob("*.json") if json.loads(p.read_text())["algorithm"] == "teacher")
