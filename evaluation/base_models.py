@@ -134,17 +134,35 @@ def cached_base_model(spec: BaseModelSpec) -> Path | None:
     return model if (model / "config.json").is_file() and (model / "tokenizer.json").is_file() else None
 
 
+def base_label(spec: Any) -> str:
+    """How records name a base model: its role, size, training steps and share of episodes with mistakes (the
+    cache key is in the folder name)."""
+    label = f"household-{spec.name}-{spec.hidden}x{spec.layers}-{spec.steps}steps"
+    return label + (f"-mistakes{round(100 * spec.mistake_share)}" if spec.mistake_share else "")
+
+
+def name_model_folder(model: Path, spec: BaseModelSpec) -> Path:
+    """Write the label records use (:func:`base_label`) into the model folder, so an `eval` of this folder, or
+    of a run trained from it, names it as the bench's records do, not by a local cache path."""
+    from agentgym_opd.policy.loading import MODEL_NAME_FILE
+
+    target = model / MODEL_NAME_FILE
+    if not target.is_file():
+        target.write_text(json.dumps({"name": base_label(spec)}) + "\n", encoding="utf-8")
+    return model
+
+
 def ensure_base_model(spec: BaseModelSpec, *, progress: bool = True, log: Callable[[str], None] = print) -> Path:
     """The spec's model folder, building it first if it is not cached (prints the one-time build time)."""
     cached = cached_base_model(spec)
     if cached is not None:
-        return cached
+        return name_model_folder(cached, spec)  # folders built before the name file get it here
     final = base_model_dir(spec)
     tmp = final.with_name(final.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     started = time.perf_counter()
     log(f"building base model {spec.name} ({spec.hidden}x{spec.layers}, {spec.steps} steps; once, cached in {final})")
-    build_base_model(spec, tmp / "model", progress=progress)
+    name_model_folder(build_base_model(spec, tmp / "model", progress=progress), spec)
     (tmp / "spec.json").write_text(json.dumps(dataclasses.asdict(spec), indent=2) + "\n", encoding="utf-8")
     wall = time.perf_counter() - started
     (tmp / "build_time_s.txt").write_text(f"{wall:.1f}\n", encoding="utf-8")

@@ -841,13 +841,6 @@ def summarise_over_seeds(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def base_label(spec: Any) -> str:
-    """How records name a base model: its role, size, training steps and share of episodes with mistakes (the
-    cache key is in the folder name)."""
-    label = f"household-{spec.name}-{spec.hidden}x{spec.layers}-{spec.steps}steps"
-    return label + (f"-mistakes{round(100 * spec.mistake_share)}" if spec.mistake_share else "")
-
-
 def pooled_outcomes(jobs: list[Any], outcomes: list[JobOutcome]) -> dict[str, dict[str, dict[tuple[int, str], float]]]:
     """Per algorithm and env: {(seed, task): success} of every evaluation episode, all seeds together."""
     pooled: dict[str, dict[str, dict[tuple[int, str], float]]] = {}
@@ -1014,6 +1007,8 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
     if base:
         log(f"base models ready in {base_build_s / 60:.1f} min (a one-time build when not cached; the bench's "
             "wall time below leaves it out): " + ", ".join(f"{name} {path}" for name, path in trained.items()))
+    from evaluation.base_models import base_label
+
     student_path, student_label = settings.student, base_name
     if "warm_start" in trained:
         student_path, student_label = trained["warm_start"], (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 
 import pytest
@@ -154,6 +155,14 @@ def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     lines.clear()
     assert ensure_base_model(MINI, progress=False, log=lines.append) == first and not lines  # cached: no rebuild
     assert (first.parent / "spec.json").is_file() and MINI.key() in first.parent.name
+    # the folder names itself as the bench's records name it; a folder cached before the name file gets it
+    from agentgym_opd.policy.loading import MODEL_NAME_FILE, resolve_policy
+    from evaluation.base_models import base_label
+
+    assert resolve_policy(str(first)).student == base_label(MINI) == "household-mini-16x1-2steps"
+    (first / MODEL_NAME_FILE).unlink()
+    ensure_base_model(MINI, progress=False, log=lines.append)
+    assert json.loads((first / MODEL_NAME_FILE).read_text()) == {"name": "household-mini-16x1-2steps"}
 
 
 def test_unpadded_rows_give_the_padded_batch_gradient(tmp_path):

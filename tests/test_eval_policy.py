@@ -224,3 +224,26 @@ def test_smollm2_is_a_policy_name():
     source = resolve_policy("smollm2")  # converts once into the cache on first use
     assert source.student == "smollm2" and (source.model_dir / "config.json").is_file()
     assert model_path("smollm2") == str(source.model_dir) and model_path("some/folder") == "some/folder"
+
+
+def test_a_model_folder_with_a_name_file_is_named_by_it_and_so_are_runs_trained_from_it(tmp_path):
+    """The bench's base models carry `agentgym_model.json`: an eval of the folder, or of a run whose
+    model.student / model.teacher is that folder, names it as the bench's rows do, not by a cache path."""
+    import shutil
+
+    from agentgym_opd.policy.loading import MODEL_NAME_FILE, _tiny_path
+
+    base = tmp_path / "cache" / "student-abc" / "model"
+    shutil.copytree(_tiny_path(), base)
+    assert resolve_policy(str(base)).student == str(base)  # no name file: the path as given
+    (base / MODEL_NAME_FILE).write_text(json.dumps({"name": "household-student-64x2-1000steps"}))
+    assert resolve_policy(str(base)).student == "household-student-64x2-1000steps"
+    step = tmp_path / "run" / "checkpoints" / "step_4"
+    (step / "model").mkdir(parents=True)
+    (step / "model" / "config.json").write_text("{}")
+    (step / "config.yaml").write_text(f"algorithm: opd\nmodel:\n  student: {base}\n  teacher: {base}\n")
+    source = resolve_policy(str(step))
+    assert (source.algorithm, source.student, source.teacher) == ("opd", "household-student-64x2-1000steps",
+                                                                  "household-student-64x2-1000steps")
+    (base / MODEL_NAME_FILE).write_text('{"name": "two\\nlines"}')  # not a cell a table can show: the path
+    assert resolve_policy(str(base)).student == str(base)

