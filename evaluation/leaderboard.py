@@ -112,12 +112,12 @@ def effective_protocol(record: dict[str, Any]) -> dict[str, Any]:
 @functools.lru_cache(maxsize=None)
 def family_prompt(env_id: str) -> str | None:
     """The system prompt the bench plays ``env_id`` with (the env's registered one; the bench never sets
-    another), or None where no installed package registers the env."""
+    another), or None where no installed package registers the env (or can load its prompt)."""
     from agentgym_opd.registry import UnknownIdError, env_protocol
 
     try:
         return env_protocol(env_id).system_prompt
-    except UnknownIdError:
+    except (UnknownIdError, ImportError):  # not installed here, or its prompt's module cannot load
         return None
 
 
