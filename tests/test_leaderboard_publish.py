@@ -342,8 +342,10 @@ def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
     record = json.loads((tmp_path / "rec.json").read_text())
     assert record["algorithm"] == "my_opd" and record["budget"]["rollout_episodes"] == 4  # 2 steps x 2 tasks
     md = (tmp_path / "lb" / "LEADERBOARD.md").read_text()
-    row = next(line for line in md.splitlines() if "| my_opd [" in line and line.startswith("| ") and line[2].isdigit())
-    assert " * " not in row  # greedy, 16 tokens, 20 turns, text parser: the bench's protocol, so not marked
+    row = next(line for line in md.splitlines() if "| my_opd |" in line and line.startswith("| ") and line[2].isdigit())
+    # greedy, 16 tokens, 20 turns, text parser, the env's prompt and the bench's env options: the bench's
+    # protocol, so named like the bench's rows and not marked
+    assert " * " not in row and row.endswith("| same as bench |"), row
     assert "my_opd" in (tmp_path / "lb" / "index.html").read_text()
     again = cli("leaderboard", "reproduce", "rec.json")
     assert "same numbers" in again.stdout
