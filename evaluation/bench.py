@@ -79,7 +79,6 @@ TUNED_OVERRIDES: dict[str, list[str]] = {
     "opsd": ["train.lr=3e-05"], "sdpo": ["train.lr=0.0001"], "lopd": ["train.lr=0.0003"],
     "grpo": ["train.lr=0.0003", "algo.kl_coef=0.01"], "sft": ["train.lr=0.0003"],
 }
-SEED_BLOCKS = 16  # household held-out tasks: seed s evaluates block s mod 16 (seeds 16 apart share tasks)
 SEEN_NAMES = ("valid_seen", "seen", "valid", "dev", "test")
 UNSEEN_NAMES = ("valid_unseen", "unseen", "test")
 # measured on the shared 2-core build machine under load (tiny student, household, <= 10 turns x 16 tokens,
@@ -721,15 +720,12 @@ def eval_task_ids(env_id: str, settings: BenchSettings, seed: int) -> list[str]:
     (household: seed s takes the (s mod 16)-th block of ``eval_episodes`` consecutive tasks, which cycle
     through the six task types, so different seeds add different held-out tasks and a seed's tasks do not
     depend on which other seeds run; other families: the same evenly spaced subset for every seed)."""
-    from evaluation.runner import select_tasks
+    from evaluation.runner import bench_task_ids
 
     ids = make_env(env_id, settings, eval_env_args(env_id, settings)).task_ids()
     if env_id == settings.env:
         return ids[: settings.train_eval_episodes]
-    if env_id.startswith("household/"):
-        k, n = seed % SEED_BLOCKS, settings.eval_episodes
-        return ids[k * n:(k + 1) * n]
-    return select_tasks(ids, settings.eval_episodes)
+    return bench_task_ids(env_id, ids, seed, settings.eval_episodes)
 
 
 def resolved_curve_env(settings: BenchSettings) -> str:
@@ -749,12 +745,9 @@ def eval_env_args(env_id: str, settings: BenchSettings) -> dict[str, Any]:
     if env_id == settings.env:
         return settings.resolved_env_args()
     if env_id.startswith("household/"):
-        from environments.household.generator import DEFAULT_NUM_TASKS
+        from evaluation.runner import bench_split_args
 
-        split = env_id.split("/", 1)[1].split("-", 1)[0]
-        blocks = max(seed % SEED_BLOCKS for seed in settings.seeds) + 1
-        return {"num_tasks": max(DEFAULT_NUM_TASKS.get(split, 200), settings.eval_episodes * blocks),
-                **settings.base_env_args()}
+        return {**bench_split_args(env_id, settings.seeds, settings.eval_episodes), **settings.base_env_args()}
     return {}
 
 

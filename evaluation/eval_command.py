@@ -27,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(<run>/checkpoints/step_N) or a run folder")
     parser.add_argument("--env", required=True, help="registered env id, e.g. household/valid_unseen")
     parser.add_argument("--episodes", type=int, default=None, help="tasks to evaluate (default: the whole split)")
+    parser.add_argument("--bench-tasks", action="store_true",
+                        help="each seed plays the --episodes tasks the bench gives that seed (household: block "
+                             "seed mod 16 of consecutive tasks), so the record compares with the bench's task for "
+                             "task; default: the same evenly spread tasks for every seed")
     parser.add_argument("--samples", type=int, default=1,
                         help="samples per task, K (pass@k needs k or more; models need --temperature > 0 for K > 1)")
     seeds = parser.add_mutually_exclusive_group()
@@ -74,6 +78,8 @@ def _records(args: argparse.Namespace, seeds: list[int], env_kwargs: dict) -> li
     if args.policy in SCRIPTED_AGENTS:
         from evaluation.runner import evaluate_scripted
 
+        if args.bench_tasks:
+            raise ValueError("--bench-tasks is for model policies; scripted agents play the evenly spread tasks")
         if args.max_turns is not None:
             env_kwargs["max_turns"] = args.max_turns
         paths = out_paths(args.out, seeds) if args.out else [None] * len(seeds)
@@ -94,7 +100,7 @@ def _records(args: argparse.Namespace, seeds: list[int], env_kwargs: dict) -> li
                            device=args.device, dtype=args.dtype, num_envs=args.num_envs,
                            memory_budget_gb=args.memory_budget_gb, progress=not args.no_progress,
                            out_paths=out_paths(args.out, seeds) if args.out else None, transcripts=args.transcripts,
-                           **env_kwargs)
+                           bench_tasks=args.bench_tasks, **env_kwargs)
 
 
 def out_paths(out: str, seeds: list[int]) -> list[Path]:

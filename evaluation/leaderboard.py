@@ -152,6 +152,7 @@ class Row:
     origins: list[str] = field(default_factory=list)
     record_ids: list[str] = field(default_factory=list)  # seed order
     episodes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # record id -> traces
+    tasks: dict[int, str] = field(default_factory=dict)  # seed -> provenance.tasks_sha256 (where stated)
 
     @property
     def display_algorithm(self) -> str:
@@ -191,6 +192,7 @@ class Method:
     shown_protocol: str = ""  # `protocol` with the system prompt as a fingerprint (tables)
     by_env: dict[str, Row] = field(default_factory=dict)
     protocol_differs: bool = False
+    other_tasks: bool = False  # an eval record on other tasks than the bench's record of the same env and seed
 
     @property
     def seeds(self) -> list[int]:
@@ -418,6 +420,7 @@ class Leaderboard:
                     row.metrics[name] = (mu, sd / math.sqrt(len(means)))
             row.curves = [r["curve"] for r in recs if r.get("curve")]
             row.episodes = {rid: r["episodes"] for rid, r in zip(row.record_ids, recs) if r.get("episodes")}
+            row.tasks = {r["seed"]: r["provenance"]["tasks_sha256"] for r in recs if r.get("provenance")}
             rows.append(row)
         return rows
 
@@ -460,11 +463,17 @@ class Leaderboard:
                 m = methods.setdefault(r.method_key, Method(r.algorithm, r.student, r.teacher, r.protocol, r.display_algorithm,
                                                             r.protocol_shown))
                 m.by_env[r.env_id] = r
-            bench = [r.effective_protocol for r in frows if r.protocol == "" and r.effective_protocol.get("max_turns") is not None]
+            bench_rows = [r for r in frows if r.protocol == "" and r.effective_protocol.get("max_turns") is not None]
+            bench = [r.effective_protocol for r in bench_rows]
             bench_protocol = max(bench, key=lambda p: sum(q == p for q in bench)) if bench else None
+            bench_tasks = {(r.env_id, seed): sha for r in bench_rows for seed, sha in r.tasks.items()}
             for m in methods.values():
                 proto = next(iter(m.by_env.values())).effective_protocol
-                m.protocol_differs = bench_protocol is not None and proto != bench_protocol
+                m.other_tasks = bool(m.protocol) and any(
+                    bench_tasks.get((r.env_id, seed), sha) != sha for r in m.by_env.values() for seed, sha in r.tasks.items())
+                m.protocol_differs = bench_protocol is not None and (proto != bench_protocol or m.other_tasks)
+                if m.other_tasks:
+                    m.shown_protocol += " (other tasks than the bench's seeds: eval --bench-tasks)"
                 if bench_protocol is not None and not m.protocol_differs and m.protocol:
                     # an `eval` record made with the bench's protocol (README "Publish a result"): named and
                     # shown like the bench's rows, not by its protocol's entries

@@ -37,7 +37,7 @@ from agentgym_opd.policy.loading import (DEFAULT_MAX_CONTEXT_TOKENS, PolicySetup
 from agentgym_opd.registry import env_protocol, make
 from agentgym_opd.types import Episode
 from evaluation.records import env_args_label
-from evaluation.runner import episode_line, make_record, select_tasks
+from evaluation.runner import bench_split_args, bench_task_ids, episode_line, make_record, select_tasks
 
 EvalSetupError = PolicySetupError  # bad evaluation input; the message says what to pass instead
 __all__ = ["EvalSetupError", "PolicySource", "evaluate_policy", "load_policy", "resolve_policy", "vllm_available",
@@ -157,11 +157,15 @@ def evaluate_policy(
     progress: bool = True,
     out_paths: Sequence[Path] | None = None,
     transcripts: int = 10,
+    bench_tasks: bool = False,
     **env_kwargs: Any,
 ) -> list[dict[str, Any]]:
     """Evaluate a model policy on `env_id` for each seed; one validated result record per seed.
 
     With `out_paths` (one per seed) the records and their episode files are written there as the run goes.
+    With `bench_tasks` each seed plays the `episodes` tasks the bench gives that seed
+    (:func:`evaluation.runner.bench_task_ids`), so its record compares with the bench's task for task;
+    otherwise every seed plays the same evenly spread `episodes` tasks.
     Cheap checks (settings, env id, tasks, policy path, parser) run before the model is loaded."""
     from agentgym_opd.action_parsing import get_parser
     from agentgym_opd.playing import play_tasks, rows_for_memory
@@ -173,11 +177,15 @@ def evaluate_policy(
         raise EvalSetupError(f"{len(out_paths)} output paths for {len(seeds)} seeds")
     if max_turns is not None:
         env_kwargs["max_turns"] = max_turns
-    task_ids, split = _selected_tasks(env_id, episodes, env_kwargs)
+    settings_env_args = dict(env_kwargs)  # what the protocol states; the split's size is not a setting
+    if bench_tasks and episodes is not None:
+        env_kwargs = {**bench_split_args(env_id, seeds, episodes), **env_kwargs}
+    all_ids, split = _split_tasks(env_id, env_kwargs)
+    tasks_of = {seed: seed_tasks(env_id, all_ids, seed, episodes, bench_tasks) for seed in seeds}
     source = resolve_policy(policy)
     settings = record_protocol(env_id, source, temperature=temperature, top_p=top_p, samples=samples,
                                max_new_tokens=max_new_tokens, max_turns=max_turns, backend=backend,
-                               action_parser=action_parser, system_prompt=system_prompt, env_args=env_kwargs)
+                               action_parser=action_parser, system_prompt=system_prompt, env_args=settings_env_args)
     parser = resolve_action_parser(settings["action_parser"])
     context = max_context_tokens or int(source.run_model.get("max_seq_len") or DEFAULT_MAX_CONTEXT_TOKENS)
     try:
@@ -192,6 +200,7 @@ def evaluate_policy(
     k_values = tuple(sorted({*DEFAULT_K_VALUES, samples}))
     records = []
     for i, seed in enumerate(seeds):
+        task_ids = tasks_of[seed]
         out = Path(out_paths[i]) if out_paths is not None else None
         lines = episodes_path(out) if out is not None else None
         if lines is not None:
@@ -244,7 +253,8 @@ def _check_settings(*, seeds: Sequence[int], samples: int, temperature: float, e
         raise EvalSetupError(f"--memory-budget-gb must be positive, got {memory_budget_gb}")
 
 
-def _selected_tasks(env_id: str, episodes: int | None, env_kwargs: dict[str, Any]) -> tuple[list[str], str]:
+def _split_tasks(env_id: str, env_kwargs: dict[str, Any]) -> tuple[list[str], str]:
+    """Every task id of the split, and the split's name."""
     probe = make(env_id, **env_kwargs)  # an unknown id raises UnknownIdError, which names close matches
     try:
         ids = probe.task_ids()
@@ -253,4 +263,17 @@ def _selected_tasks(env_id: str, episodes: int | None, env_kwargs: dict[str, Any
         probe.close()
     if not ids:
         raise EvalSetupError(f"env {env_id} has no tasks to evaluate (check its data and constructor options)")
-    return select_tasks(ids, episodes), split
+    return ids, split
+
+
+def seed_tasks(env_id: str, task_ids: list[str], seed: int, episodes: int | None, bench_tasks: bool) -> list[str]:
+    """The tasks seed ``seed`` plays: the bench's for that seed (``bench_tasks``), else the evenly spread
+    ``episodes`` (the same for every seed). One function for eval and for `leaderboard stamp`."""
+    if not bench_tasks:
+        return select_tasks(task_ids, episodes)
+    if episodes is None:
+        raise EvalSetupError("--bench-tasks needs --episodes N (the bench evaluates 100 tasks per seed)")
+    try:
+        return bench_task_ids(env_id, task_ids, seed, episodes)
+    except ValueError as err:
+        raise EvalSetupError(str(err)) from err

@@ -174,7 +174,7 @@ def stamp_eval_record(record: dict[str, Any], command: Sequence[str]) -> dict[st
     command = list(command)
     args = _parse_eval_command(command)
     source = None if args.policy in SCRIPTED_AGENTS else _policy_source(args.policy)
-    tasks = _command_tasks(args) if args.env == record["env_id"] else None
+    tasks = _command_tasks(args, record["seed"]) if args.env == record["env_id"] else None
     problems = command_disagreements(record, args, source, None if tasks is None else len(tasks))
     if problems:
         raise RecordError(_refusal(record, problems))
@@ -228,19 +228,27 @@ def _policy_source(policy: str) -> Any:
         raise RecordError(f"the command's policy cannot be found from here: {err}") from err
 
 
-def _command_tasks(args: Any) -> list[Any]:
-    """The tasks the command evaluates, in order, as eval selects them."""
+def _command_tasks(args: Any, seed: int) -> list[Any]:
+    """The tasks the command evaluates for ``seed``, in order, as eval selects them."""
     from agentgym_opd.config import parse_key_values
     from agentgym_opd.registry import make
-    from evaluation.runner import select_tasks
+    from evaluation.policy_eval import seed_tasks
 
+    from evaluation.runner import bench_split_args
+
+    options = parse_key_values(args.env_arg, "--env-arg")
+    if args.bench_tasks and args.episodes is not None:  # as eval sizes the split for the seed's block
+        options = {**bench_split_args(args.env, [seed], args.episodes), **options}
     try:
-        env = make(args.env, **parse_key_values(args.env_arg, "--env-arg"))
+        env = make(args.env, **options)
     except (LookupError, ValueError, TypeError) as err:
         raise RecordError(f"cannot build the command's env {args.env} here ({err}); install the package that "
                           "registers it") from err
     try:
-        return [env.get_task(t) for t in select_tasks(env.task_ids(), args.episodes)]
+        ids = seed_tasks(args.env, env.task_ids(), seed, args.episodes, args.bench_tasks)
+        return [env.get_task(t) for t in ids]
+    except ValueError as err:  # --bench-tasks beyond the split's tasks
+        raise RecordError(f"the command's tasks cannot be selected here: {err}") from err
     finally:
         env.close()
 

@@ -56,6 +56,36 @@ def select_tasks(task_ids: list[str], episodes: int | None) -> list[str]:
     return [task_ids[i * len(task_ids) // episodes] for i in range(episodes)]
 
 
+SEED_BLOCKS = 16  # household held-out tasks: seed s evaluates block s mod 16 (seeds 16 apart share tasks)
+
+
+def bench_split_args(env_id: str, seeds: Sequence[int], episodes: int) -> dict[str, Any]:
+    """Constructor options that give a held-out split enough tasks for these seeds' blocks (household
+    generates any number; its first tasks do not depend on how many): what the bench adds, and
+    ``eval --bench-tasks`` too. Not an evaluation setting: the tasks played are the same ones."""
+    if not env_id.startswith("household/"):
+        return {}
+    from environments.household.generator import DEFAULT_NUM_TASKS
+
+    split = env_id.split("/", 1)[1].split("-", 1)[0]
+    blocks = max(seed % SEED_BLOCKS for seed in seeds) + 1
+    return {"num_tasks": max(DEFAULT_NUM_TASKS.get(split, 200), episodes * blocks)}
+
+
+def bench_task_ids(env_id: str, task_ids: list[str], seed: int, episodes: int) -> list[str]:
+    """The held-out tasks the bench evaluates seed ``seed`` on (``eval --bench-tasks`` uses the same):
+    household takes the (seed mod 16)-th block of ``episodes`` consecutive tasks, which cycle through the six
+    task types, so different seeds add different tasks; other families the same evenly spread subset for
+    every seed (:func:`select_tasks`)."""
+    if not env_id.startswith("household/"):
+        return select_tasks(task_ids, episodes)
+    k = seed % SEED_BLOCKS
+    if (k + 1) * episodes > len(task_ids):
+        raise ValueError(f"seed {seed} evaluates tasks {k * episodes}..{(k + 1) * episodes - 1} of {env_id}, which has "
+                         f"{len(task_ids)}: pass --env-arg num_tasks={(k + 1) * episodes} (the bench does the same)")
+    return task_ids[k * episodes:(k + 1) * episodes]
+
+
 def run_agent(
     env_id: str,
     agent: str,

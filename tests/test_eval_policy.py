@@ -247,3 +247,38 @@ def test_a_model_folder_with_a_name_file_is_named_by_it_and_so_are_runs_trained_
                                                                   "household-student-64x2-1000steps")
     (base / MODEL_NAME_FILE).write_text('{"name": "two\\nlines"}')  # not a cell a table can show: the path
     assert resolve_policy(str(base)).student == str(base)
+
+
+def test_bench_tasks_are_each_seeds_block_exactly_as_the_bench_evaluates_it(tmp_path):
+    """`eval --bench-tasks` plays, per seed, the tasks the bench gives that seed (so a record compares with
+    the bench's task for task), sizing the split as the bench does; without it every seed plays the same
+    evenly spread tasks."""
+    import agentgym_opd
+    from evaluation.bench import BenchSettings, eval_task_ids
+    from evaluation.policy_eval import seed_tasks
+    from evaluation.runner import bench_split_args
+
+    settings = BenchSettings(seeds=[0, 1, 2])
+    env_id = "household/valid_unseen"
+    for seed in (0, 2):
+        ids = agentgym_opd.make(env_id, **bench_split_args(env_id, [seed], 100)).task_ids()
+        assert seed_tasks(env_id, ids, seed, 100, True) == eval_task_ids(env_id, settings, seed)
+    plain = agentgym_opd.make(env_id).task_ids()
+    assert seed_tasks(env_id, plain, 0, 10, False) == seed_tasks(env_id, plain, 2, 10, False)  # same for every seed
+    with pytest.raises(EvalSetupError, match="num_tasks=300"):
+        seed_tasks(env_id, plain, 2, 100, True)  # the default split is too short for seed 2's block
+    with pytest.raises(EvalSetupError, match="--bench-tasks needs --episodes"):
+        seed_tasks(env_id, plain, 0, None, True)
+    # through the CLI: each seed's record states the tasks it played, and the stamp hashes those same tasks
+    from agentgym_opd.cli import main
+    from evaluation.provenance import tasks_sha256
+
+    assert main(["eval", "--policy", "tiny", "--env", env_id, "--episodes", "2", "--bench-tasks", "--seeds", "0", "2",
+                 "--max-new-tokens", "4", "--max-turns", "1", "--device", "cpu", "--no-progress",
+                 "--out", str(tmp_path / "rec.json")]) == 0
+    env = agentgym_opd.make(env_id)
+    for seed, first in ((0, 0), (2, 4)):
+        record = json.loads((tmp_path / f"rec.seed{seed}.json").read_text())
+        played = [json.loads(line)["task_id"] for line in (tmp_path / f"rec.seed{seed}.episodes.jsonl").read_text().splitlines()]
+        assert sorted(played) == sorted(plain[first:first + 2])
+        assert record["provenance"]["tasks_sha256"] == tasks_sha256([env.get_task(t) for t in plain[first:first + 2]])

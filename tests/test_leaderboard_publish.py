@@ -161,6 +161,23 @@ def test_an_eval_record_with_the_benchs_protocol_and_env_options_is_shown_as_the
     assert "| my_opd |" in row["my_opd"] and row["my_opd"].endswith("| same as bench |")
     assert "| my_opd_plain [" in row["my_opd_plain"] and "] * |" in row["my_opd_plain"]
     assert "] * |" in row["my_opd_prompt"]  # another system prompt is another protocol too
+
+    # the same protocol on other tasks than the bench's for that seed (provenance's task hash) is marked too
+    def stated(record: dict, tasks: str) -> dict:
+        return {**record, "provenance": {"packages": {"torch": "2.13.0"}, "tasks_sha256": tasks * 64,
+                                         "chat_template_sha256": None, "weights_sha256": None,
+                                         "command": ["agentgym-opd", "eval"], "seeds": [1], "device": "cpu"}}
+
+    board.add(stated(make_record("opd", 1, 0.5, algorithm_config={"bench": {"max_new_tokens": 16, "max_turns": 20,
+                                                                            "budget_episodes": 64, "env_args": options}}), "a"))
+    same = {**protocol, "env_args": env_args_label(options)}
+    board.add(stated(make_record("on_the_benchs_tasks", 1, 0.6, protocol=same), "a"))
+    board.add(stated(make_record("on_other_tasks", 1, 0.6, protocol=same), "b"))
+    board.build()
+    lines = (tmp_path / "lb" / "LEADERBOARD.md").read_text().splitlines()
+    assert next(line for line in lines if "| on_the_benchs_tasks |" in line).endswith("| same as bench |")
+    other = next(line for line in lines if "| on_other_tasks [" in line and line[2].isdigit())
+    assert "] * |" in other and "other tasks than the bench's seeds: eval --bench-tasks" in other
     assert env_args_label({"max_turns": 20}) is None and env_args_label({"b": 1, "a": [1, 2]}) == "a=[1, 2] b=1"
     assert env_args_label({"x": "y" * 300}).startswith("#")  # too long for a cell: its fingerprint
 
@@ -332,8 +349,8 @@ def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
     cli("train", "--algo", "my_opd", "--env", "household/train", "--student", "tiny", "--teacher", "tiny",
         "--env-arg", "num_tasks=2", "--output-dir", "runs/my_opd", "--no-progress",
         "train.steps=2", "rollout.tasks_per_step=2", "rollout.max_turns=4", "rollout.max_new_tokens=8")
-    command = ["eval", "--policy", "runs/my_opd", "--env", "household/valid_unseen", "--episodes", "4",
-               "--max-new-tokens", "16", "--max-turns", "20", "--env-arg", "status_line=true",
+    command = ["eval", "--policy", "runs/my_opd", "--env", "household/valid_unseen", "--episodes", "100",
+               "--bench-tasks", "--max-new-tokens", "16", "--max-turns", "20", "--env-arg", "status_line=true",
                "--env-arg", "goal_in_view=true", "--env-arg", "turn_counter=true", "--device", "cpu", "--no-progress"]
     cli(*command, "--out", "rec.json")
     cli("leaderboard", "stamp", "rec.json", "--command", " ".join(["agentgym-opd", *command]))
@@ -343,8 +360,8 @@ def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
     assert record["algorithm"] == "my_opd" and record["budget"]["rollout_episodes"] == 4  # 2 steps x 2 tasks
     md = (tmp_path / "lb" / "LEADERBOARD.md").read_text()
     row = next(line for line in md.splitlines() if "| my_opd |" in line and line.startswith("| ") and line[2].isdigit())
-    # greedy, 16 tokens, 20 turns, text parser, the env's prompt and the bench's env options: the bench's
-    # protocol, so named like the bench's rows and not marked
+    # greedy, 16 tokens, 20 turns, text parser, the env's prompt and the bench's env options, on the bench's
+    # 100 tasks of seed 0: the bench's protocol, so named like the bench's rows and not marked
     assert " * " not in row and row.endswith("| same as bench |"), row
     assert "my_opd" in (tmp_path / "lb" / "index.html").read_text()
     again = cli("leaderboard", "reproduce", "rec.json")
