@@ -233,7 +233,6 @@ def _command_tasks(args: Any, seed: int) -> list[Any]:
     from agentgym_opd.config import parse_key_values
     from agentgym_opd.registry import make
     from evaluation.policy_eval import seed_tasks
-
     from evaluation.runner import bench_split_args
 
     options = parse_key_values(args.env_arg, "--env-arg")

@@ -82,7 +82,8 @@ def bench_task_ids(env_id: str, task_ids: list[str], seed: int, episodes: int) -
     k = seed % SEED_BLOCKS
     if (k + 1) * episodes > len(task_ids):
         raise ValueError(f"seed {seed} evaluates tasks {k * episodes}..{(k + 1) * episodes - 1} of {env_id}, which has "
-                         f"{len(task_ids)}: pass --env-arg num_tasks={(k + 1) * episodes} (the bench does the same)")
+                         f"{len(task_ids)}: the split needs num_tasks={(k + 1) * episodes} (the bench and "
+                         "`eval --bench-tasks` size it so themselves; drop a smaller --env-arg num_tasks)")
     return task_ids[k * episodes:(k + 1) * episodes]
 
 
