@@ -163,6 +163,14 @@ IMPORTED_FIELDS = ("provenance", "budget", "origin", "episodes")
 # what differs when a bench measures the same thing again (a reference row of `bench --algos X`, a rerun):
 # when, how long, at which commit; the numbers, settings and protocol must still be equal
 RERUN_FIELDS = ("created", "wall_time_s", "throughput", "code_revision", "algorithm_config.bench.train_wall_time_s")
+# a reference row trains nothing: a bench at another budget measures the same warm start and teacher again
+TRAINING_SETTINGS = tuple(f"algorithm_config.bench.{k}" for k in (
+    "budget_episodes", "steps", "episodes_per_step", "group_size", "lr", "temperature", "train_env"))
+
+
+def _unchanged_by(base: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[str, ...]]:
+    """The fields a record of this bench may differ in from its published twin and still be the same result."""
+    return lambda record: base + (TRAINING_SETTINGS if record["algorithm"] in REFERENCE_ROWS else ())
 
 
 def import_bench(out_dir: str | Path, board: Any, *, command: list[str] | None = None, episodes: int = 3,
@@ -180,12 +188,12 @@ def import_bench(out_dir: str | Path, board: Any, *, command: list[str] | None =
     summary, settings = _finished_bench(out)
     records = sorted(((str(path), board.read_record(path)) for path in (out / "records").glob("*.json")), key=_model_order)
     # a bench file that already clashes with the board fails here, before any model is loaded
-    board.plan(records, skip_published=True, ignore=IMPORTED_FIELDS + RERUN_FIELDS).check(fix=IMPORT_FIX)
+    board.plan(records, skip_published=True, ignore=_unchanged_by(IMPORTED_FIELDS + RERUN_FIELDS)).check(fix=IMPORT_FIX)
     argv = command or bench_command(summary["settings"])
     load = _policy_loader(settings)
     stamped = [(source, _stamp(out, record, settings, argv, load)) for source, record in records]
-    plan = board.plan(stamped, skip_published=True, ignore=("episodes", "provenance.command", "provenance.seeds",
-                                                            "provenance.packages") + RERUN_FIELDS)
+    plan = board.plan(stamped, skip_published=True, ignore=_unchanged_by(
+        ("episodes", "provenance.command", "provenance.seeds", "provenance.packages") + RERUN_FIELDS))
     plan.check(fix=IMPORT_FIX)
     for source, path in plan.already:
         log(f"already published: {source} as {path}")

@@ -36,7 +36,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from evaluation.records import (MAX_RECORD_BYTES, RecordError, REFERENCE_ROWS, env_args_label, env_family, is_rate,
                                 lower_is_better, parse_record, protocol_label, record_id)
@@ -67,9 +67,11 @@ T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 
 
 def identity(record: dict[str, Any]) -> tuple:
-    """What makes two records the same run: the identity fields, the evaluation protocol, and whether it is
-    the original or a reproduction (a rerun is published beside the original, never pooled with it)."""
-    return (*(record[f] for f in IDENTITY_FIELDS), protocol_label(record), record.get("origin", "original"))
+    """What makes two records the same run: the identity fields, the training budget (rollout episodes: the
+    same method at 64 and at 256 episodes is two results), the evaluation protocol, and whether it is the
+    original or a reproduction (a rerun is published beside the original, never pooled with it)."""
+    return (*(record[f] for f in IDENTITY_FIELDS), record_budget(record)[0], protocol_label(record),
+            record.get("origin", "original"))
 
 
 def quantile95(n_seeds: int) -> float:
@@ -160,7 +162,7 @@ class Row:
 
     @property
     def method_key(self) -> tuple:
-        return (self.algorithm, self.student, self.teacher, self.protocol, tuple(sorted(set(self.origins))))
+        return (self.algorithm, self.student, self.teacher, self.protocol, self.budget[0], tuple(sorted(set(self.origins))))
 
     def interval(self, metric: str) -> tuple[float, float, float] | None:
         """(mean, low, high) of the 95% interval; None if the row lacks the metric."""
@@ -257,7 +259,7 @@ def _without(record: dict[str, Any], ignore: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _run_text(record: dict[str, Any]) -> str:
-    return ", ".join(f"{f}={record[f]!r}" for f in IDENTITY_FIELDS)
+    return ", ".join([*(f"{f}={record[f]!r}" for f in IDENTITY_FIELDS), f"rollout_episodes={record_budget(record)[0]!r}"])
 
 
 def _published_clash(source: str, record: dict[str, Any], path: Path, old: dict[str, Any], ignore: tuple[str, ...]) -> str:
@@ -340,26 +342,27 @@ class Leaderboard:
         return [r for _, r in self.published()]
 
     def plan(self, items: list[tuple[str, dict[str, Any]]], *, skip_published: bool = False,
-             ignore: tuple[str, ...] = ()) -> "AddPlan":
+             ignore: tuple[str, ...] | Callable[[dict[str, Any]], tuple[str, ...]] = ()) -> "AddPlan":
         """Check a batch of validated ``(source, record)`` against the published records and each other, and
         sort it into new records, records already published and problems, before anything is written: a
         batch is published whole or not at all, so the folder and its tables never hold half of it.
 
         ``skip_published``: a record whose result is already published is skipped (import-bench is rerun on
-        the same bench), not refused. ``ignore``: fields left out of that comparison."""
+        the same bench), not refused. ``ignore``: fields left out of that comparison (or a function of the
+        record giving them)."""
         plan = AddPlan()
         on_board = {identity(r): (path, r) for path, r in self.published()}
         in_batch: dict[tuple, tuple[str, dict[str, Any]]] = {}
         for source, record in items:
-            key = identity(record)
+            key, fields = identity(record), ignore(record) if callable(ignore) else ignore
             if key in on_board:
                 path, old = on_board[key]
-                if skip_published and same_result(record, old, ignore):
+                if skip_published and same_result(record, old, fields):
                     plan.already.append((source, path))
                 else:
-                    plan.problems.append(_published_clash(source, record, path, old, ignore))
+                    plan.problems.append(_published_clash(source, record, path, old, fields))
             elif key in in_batch:
-                plan.problems.append(_batch_clash(source, record, *in_batch[key], ignore))
+                plan.problems.append(_batch_clash(source, record, *in_batch[key], fields))
             else:
                 in_batch[key] = (source, record)
                 plan.new.append((source, record))
@@ -399,9 +402,10 @@ class Leaderboard:
         groups: dict[tuple, list[dict[str, Any]]] = {}
         for r in records:
             groups.setdefault((r["env_id"], r["split"], r["algorithm"], r["student"], r["teacher"], protocol_label(r),
-                               r.get("origin", "original")), []).append(r)
+                               record_budget(r)[0], r.get("origin", "original")), []).append(r)
         rows = []
-        for (env_id, split, algo, student, teacher, protocol, _origin), recs in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        for (env_id, split, algo, student, teacher, protocol, _episodes, _origin), recs in sorted(
+                groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
             recs = sorted(recs, key=lambda r: r["seed"])
             row = Row(env_id, split, algo, student, teacher, [r["seed"] for r in recs], sum(r["n_episodes"] for r in recs),
                       protocol=protocol, protocol_short=protocol_label(recs[0], short=True),
@@ -478,6 +482,13 @@ class Leaderboard:
                     # an `eval` record made with the bench's protocol (README "Publish a result"): named and
                     # shown like the bench's rows, not by its protocol's entries
                     m.display, m.shown_protocol = m.algorithm, "same as bench"
+            # the same method at several budgets: one line each, told apart by the budget in the name too
+            budgets: dict[tuple, set] = {}
+            for key in methods:
+                budgets.setdefault(key[:4] + key[5:], set()).add(key[4])
+            for key, m in methods.items():
+                if len(budgets[key[:4] + key[5:]]) > 1 and key[4] is not None:
+                    m.display += f" ({key[4]} episodes)"
 
             def rank_key(m: Method) -> tuple:
                 sign = 1.0 if lower_is_better(metric) else -1.0

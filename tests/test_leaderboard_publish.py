@@ -472,5 +472,33 @@ def test_import_bench_skips_a_published_reference_row_and_refuses_a_different_on
     assert _files(root) == before and no_models["load"] == loads
 
 
+def test_a_bench_at_another_budget_publishes_beside_the_first_and_its_reference_rows_are_not_repeated(tmp_path, no_models,
+                                                                                                       capsys):
+    """The budget is part of a run's identity: grpo at 4x the episodes is another line of the table, named
+    with its budget; the warm start, which trains nothing, is the same result and is skipped."""
+    root = tmp_path / "lb"
+    out = finished_bench(tmp_path, [("warm_start", 0), ("grpo", 0)])
+    assert import_bench_cli(root, out) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    summary["settings"]["steps"] *= 4
+    (out / "summary.json").write_text(json.dumps(summary))
+    for path in (out / "records").glob("*.json"):
+        record = json.loads(path.read_text())
+        bench = record["algorithm_config"]["bench"]
+        bench["steps"], bench["budget_episodes"] = bench["steps"] * 4, bench["budget_episodes"] * 4
+        path.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert import_bench_cli(root, out) == 0
+    stdout = capsys.readouterr().out
+    assert "already published: " in stdout and "warm_start__" in stdout and stdout.count("added ") == 1, stdout
+    records = Leaderboard(root).load_records()
+    assert sorted((r["algorithm"], r.get("budget", {}).get("rollout_episodes")) for r in records) == [
+        ("grpo", summary["settings"]["steps"] * summary["settings"]["episodes_per_step"] // 4),
+        ("grpo", summary["settings"]["steps"] * summary["settings"]["episodes_per_step"]), ("warm_start", None)]
+    md = (root / "LEADERBOARD.md").read_text()
+    small = summary["settings"]["steps"] * summary["settings"]["episodes_per_step"] // 4
+    assert f"| grpo ({small} episodes) |" in md and f"| grpo ({4 * small} episodes) |" in md
+    assert "| warm_start |" in md
+
 def _files(root: Path) -> dict:
     return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
