@@ -516,7 +516,8 @@ class Leaderboard:
                  "(`index.html`) has the same tables, sortable, with curves and episode views.", "",
                  "Ranked tables: the primary metric per split as mean [95% interval] (seeds: Student-t over seed "
                  f"means; one record: {interval_words()}), ranked by the first (held-out) split. "
-                 "A `*` marks a row whose evaluation protocol differs from the bench's; `(reproduced)` a rerun.", ""]
+                 "A `*` marks a row whose evaluation protocol differs from the bench's, or that was evaluated on other tasks "
+                 "than the bench's record of the same split and seed; `(reproduced)` a rerun.", ""]
         for table in self.family_tables(rows):
             lines += [f"## {md_cell(table.family)}", "",
                       f"Primary metric: `{md_cell(metric_title(table.family, table.metric))}`; ranked by "

@@ -103,7 +103,8 @@ def _ranked_table(board: "Leaderboard", table: "FamilyTable", index: int) -> lis
     best = {e: board.best([m.by_env[e] for m in table.methods if e in m.by_env], table.metric) for e in table.env_ids}
     for rank, m in enumerate(table.methods, 1):
         cls = ' class="differs"' if m.protocol_differs else ""
-        title = " title=\"evaluated under another protocol than the bench's\"" if m.protocol_differs else ""
+        title = (" title=\"evaluated on other tasks than the bench's\"" if m.other_tasks else
+                 " title=\"evaluated under another protocol than the bench's\"" if m.protocol_differs else "")
         name = escape(m.display) + (' <span class="ci">(reproduced)</span>' if m.reproduced else "")
         cells = [f'<td class="rankcol" data-sort="{rank}">{rank}</td>', f'<td class="name"{title}>{name}</td>']
         for env_id in table.env_ids:
