@@ -195,6 +195,10 @@ def evaluate_policy(
     if max_new_tokens >= context:
         raise EvalSetupError(f"--max-new-tokens {max_new_tokens} must be below the context budget {context} "
                              "(--max-context-tokens)")
+    if not progress:  # --no-progress: no bar at all, Transformers' "Loading weights" included
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     model = load_policy(source, backend=backend, device=device, dtype=dtype, max_context_tokens=context, seed=seeds[0])
     batch_size = num_envs or rows_for_memory(model, context, int(memory_budget_gb * 2**30))
     k_values = tuple(sorted({*DEFAULT_K_VALUES, samples}))
