@@ -1,14 +1,15 @@
 """The leaderboard: published result records in `leaderboard/records/`, rendered to Markdown, CSV and HTML.
 
 `add` accepts a record only if it validates and is not already there (same content, or the same run:
-env, split, algorithm, student, teacher, seed and protocol); it is written atomically, so a refused or
+env, split, algorithm, student, teacher, seed, training budget and protocol); it is written atomically, so a refused or
 interrupted add leaves the folder as it was. A batch (several files, a bench) is checked whole first
 (`plan`: every record against the published ones and against the others of the batch), then written, so
 a batch with one bad record publishes none of them. `build` reads every record (a corrupt one stops the build,
 naming the file, before anything is written), groups records of the same env split x algorithm x student
-x teacher x protocol over seeds, and renders
+x teacher x budget x protocol over seeds, and renders
 
-- per env family, one **ranked table**: one row per method (algorithm x student x teacher x protocol),
+- per env family, one **ranked table**: one row per method (algorithm x student x teacher x budget x protocol;
+  a method at several budgets is named with each),
   the family's primary metric first with one column per split (held-out split first, the ranking key),
   each as mean and 95% interval, then the training budget (rollout episodes, tokens), teacher, student,
   seeds and protocol; rows whose protocol differs from the bench's are marked;
