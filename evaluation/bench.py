@@ -681,11 +681,13 @@ def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_ar
         probe = make_env(env_id, settings, env_args)
         contexts = privileged_contexts(probe, tasks)
         probe.close()
+    from evaluation.records import BENCH_CONTEXT_TOKENS
+
     protocol = env_protocol(env_id)  # what the trainer uses too (the family's default parser and prompt)
     episodes = play_tasks(policy, env_id, tasks, sampling=SamplingParams(max_new_tokens=settings.max_new_tokens,
                                                                          temperature=0.0),
                           action_parser=protocol.action_parser, system_prompt=protocol.system_prompt,
-                          seed=settings.eval_seed, batch_size=len(tasks), max_context_tokens=4096,
+                          seed=settings.eval_seed, batch_size=len(tasks), max_context_tokens=BENCH_CONTEXT_TOKENS,
                           env_kwargs=overrides, contexts=contexts)
     return episodes, time.perf_counter() - started
 

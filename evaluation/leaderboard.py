@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from evaluation.records import (MAX_RECORD_BYTES, RecordError, REFERENCE_ROWS, env_args_label, env_family, is_rate,
-                                lower_is_better, parse_record, protocol_label, record_id)
+from evaluation.records import (BENCH_CONTEXT_TOKENS, MAX_RECORD_BYTES, RecordError, REFERENCE_ROWS, env_args_label,
+                                env_family, is_rate, lower_is_better, parse_record, protocol_label, record_id)
 
 IDENTITY_FIELDS = ("env_id", "split", "algorithm", "student", "teacher", "seed")
 # the headline metric of an env family, where it is not success
@@ -59,7 +59,7 @@ def metric_title(family: str, metric: str) -> str:
 SPLIT_ORDER = ("valid_unseen", "unseen", "test", "valid_seen", "seen", "valid", "dev", "train")
 # the protocol entries two rows must share to be compared as equals
 COMPARED_PROTOCOL = ("temperature", "samples", "max_new_tokens", "max_turns", "action_parser", "env_args",
-                     "system_prompt")
+                     "system_prompt", "max_context_tokens")
 # per-episode 0/1 outcomes: one record's interval is Wilson's (over its episodes)
 BINARY_METRICS = frozenset({"success_rate"})
 # Student-t 0.975 quantiles, by degrees of freedom (1-30); beyond: the normal 1.96
@@ -108,7 +108,8 @@ def effective_protocol(record: dict[str, Any]) -> dict[str, Any]:
     if isinstance(bench, dict):
         return {"temperature": 0.0, "samples": 1, "max_new_tokens": bench.get("max_new_tokens"),
                 "max_turns": bench.get("max_turns"), "action_parser": "text",
-                "env_args": env_args_label(bench.get("env_args")), "system_prompt": family_prompt(record["env_id"])}
+                "env_args": env_args_label(bench.get("env_args")), "system_prompt": family_prompt(record["env_id"]),
+                "max_context_tokens": BENCH_CONTEXT_TOKENS}
     return {k: None for k in COMPARED_PROTOCOL}
 
 
@@ -483,12 +484,13 @@ class Leaderboard:
                     # an `eval` record made with the bench's protocol (README "Publish a result"): named and
                     # shown like the bench's rows, not by its protocol's entries
                     m.display, m.shown_protocol = m.algorithm, "same as bench"
-            # the same method at several budgets: one line each, told apart by the budget in the name too
+            # the same method (algorithm, student, teacher) at several budgets: every line of it carries its
+            # budget in the name, whatever its protocol
             budgets: dict[tuple, set] = {}
             for key in methods:
-                budgets.setdefault(key[:4] + key[5:], set()).add(key[4])
+                budgets.setdefault(key[:3], set()).add(key[4])
             for key, m in methods.items():
-                if len(budgets[key[:4] + key[5:]]) > 1 and key[4] is not None:
+                if len(budgets[key[:3]] - {None}) > 1 and key[4] is not None:
                     m.display += f" ({key[4]} episodes)"
 
             def rank_key(m: Method) -> tuple:

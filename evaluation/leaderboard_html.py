@@ -155,7 +155,8 @@ def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
             "column). Cells: mean <span class=\"ci\">[95% interval]</span>: across seeds a Student-t interval of "
             f"the seed means; for one record {escape(interval_words(), quote=False)}. Highlighted: best in the column "
             "(where the column's values differ). "
-            "&#x2731; marks a row evaluated under another protocol than the bench's. Click a header to sort.</p>"]
+            "&#x2731; marks a row evaluated under another protocol than the bench's, or on other tasks than the "
+            "bench's record of the same split and seed. Click a header to sort.</p>"]
     tables = board.family_tables(rows)
     for i, table in enumerate(tables):
         body.append(f'<h2 id="{escape(table.family)}">{escape(table.family)}</h2>')

@@ -79,16 +79,25 @@ def _protocol_for(env_id: str, source: PolicySource, action_parser: str | None, 
     return env_protocol(env_id, action_parser=action_parser, system_prompt=system_prompt)
 
 
+def context_budget(source: PolicySource, max_context_tokens: int | None) -> int:
+    """The tokens of history a model sees (older turns are cut first): the flag, else the run's
+    ``max_seq_len``, else the default."""
+    return max_context_tokens or int(source.run_model.get("max_seq_len") or DEFAULT_MAX_CONTEXT_TOKENS)
+
+
 def record_protocol(env_id: str, source: PolicySource, *, temperature: float, top_p: float, samples: int,
                     max_new_tokens: int, max_turns: int | None, backend: str, action_parser: str | None,
-                    system_prompt: str | None, env_args: dict[str, Any] | None = None) -> dict[str, Any]:
+                    system_prompt: str | None, env_args: dict[str, Any] | None = None,
+                    max_context_tokens: int | None = None) -> dict[str, Any]:
     """The ``protocol`` field an evaluation with these settings writes, the parser and prompt resolved as the
-    module docstring says, and the env options (``--env-arg``) when there are any. One function for both, so
-    `leaderboard stamp` compares a command with a record exactly as eval would have written it."""
+    module docstring says, the context budget, and the env options (``--env-arg``) when there are any. One
+    function for both, so `leaderboard stamp` compares a command with a record exactly as eval would have
+    written it."""
     protocol = _protocol_for(env_id, source, action_parser, system_prompt)
     written = {"temperature": temperature, "top_p": top_p, "samples": samples, "max_new_tokens": max_new_tokens,
                "max_turns": max_turns, "backend": backend, "action_parser": protocol.action_parser,
-               "system_prompt": protocol.system_prompt}
+               "system_prompt": protocol.system_prompt,
+               "max_context_tokens": context_budget(source, max_context_tokens)}
     options = env_args_label(env_args)
     return {**written, "env_args": options} if options is not None else written
 
@@ -185,9 +194,10 @@ def evaluate_policy(
     source = resolve_policy(policy)
     settings = record_protocol(env_id, source, temperature=temperature, top_p=top_p, samples=samples,
                                max_new_tokens=max_new_tokens, max_turns=max_turns, backend=backend,
-                               action_parser=action_parser, system_prompt=system_prompt, env_args=settings_env_args)
+                               action_parser=action_parser, system_prompt=system_prompt, env_args=settings_env_args,
+                               max_context_tokens=max_context_tokens)
     parser = resolve_action_parser(settings["action_parser"])
-    context = max_context_tokens or int(source.run_model.get("max_seq_len") or DEFAULT_MAX_CONTEXT_TOKENS)
+    context = settings["max_context_tokens"]
     try:
         sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     except ValueError as err:

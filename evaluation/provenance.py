@@ -278,6 +278,8 @@ def command_disagreements(record: dict[str, Any], args: Any, source: Any, n_task
         # env_args is written only when there are some, so a record stating them against a command without
         # them is compared too (`partial` marks an interrupted run: not a setting of the command)
         for key in [*written, *(k for k in ("env_args",) if k in stated and k not in written)]:
+            if key == "max_context_tokens" and key not in stated:
+                continue  # a record written before eval stated its context budget
             compare(f"protocol.{key}", stated.get(key), written.get(key))
     return problems
 
@@ -297,7 +299,7 @@ def _written_protocol(args: Any, source: Any) -> dict[str, Any]:
     return record_protocol(args.env, source, temperature=args.temperature, top_p=args.top_p, samples=args.samples,
                            max_new_tokens=args.max_new_tokens, max_turns=args.max_turns, backend=args.backend,
                            action_parser=args.action_parser, system_prompt=args.system_prompt,
-                           env_args=parse_key_values(args.env_arg, "--env-arg"))
+                           env_args=parse_key_values(args.env_arg, "--env-arg"), max_context_tokens=args.max_context_tokens)
 
 
 def _refusal(record: dict[str, Any], problems: list[str]) -> str:

@@ -40,6 +40,8 @@ import re
 from datetime import datetime
 from typing import Any, Callable
 
+from agentgym_opd.policy.loading import DEFAULT_MAX_CONTEXT_TOKENS
+
 SCHEMA_VERSION = 1
 
 MAX_RECORD_BYTES = 1_000_000
@@ -229,6 +231,9 @@ def training_diagnostics(metrics_lines: list[dict[str, Any]]) -> dict[str, float
     return out
 
 
+BENCH_CONTEXT_TOKENS = 4096  # the bench's evaluation context budget (a longer history is cut from the front)
+
+
 def env_args_label(env_args: dict[str, Any] | None) -> str | None:
     """The env constructor options an evaluation used, as one protocol entry: sorted ``key=<JSON value>``
     pairs (``max_turns`` left out: it has its own entry), a fingerprint when longer than a table cell, None
@@ -245,7 +250,8 @@ def env_args_label(env_args: dict[str, Any] | None) -> str | None:
 
 # the `agentgym-opd eval` defaults: a display label leaves these out (identity always uses every entry)
 PROTOCOL_DEFAULTS: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "samples": 1, "max_new_tokens": 128,
-                                     "max_turns": None, "backend": "hf", "action_parser": "text"}
+                                     "max_turns": None, "backend": "hf", "action_parser": "text",
+                                     "max_context_tokens": DEFAULT_MAX_CONTEXT_TOKENS}
 
 
 def protocol_label(record: dict[str, Any], *, short: bool = False, fingerprint_prompt: bool = False) -> str:

@@ -149,18 +149,21 @@ def test_an_eval_record_with_the_benchs_protocol_and_env_options_is_shown_as_the
     board.add(make_record("opd", 0, 0.5, algorithm_config={"bench": {"max_new_tokens": 16, "max_turns": 20,
                                                                      "budget_episodes": 64, "env_args": options}}))
     protocol = {"temperature": 0.0, "top_p": 1.0, "samples": 1, "max_new_tokens": 16, "max_turns": 20, "backend": "hf",
-                "action_parser": "text", "system_prompt": ONE_ACTION_PROMPT}
+                "action_parser": "text", "system_prompt": ONE_ACTION_PROMPT, "max_context_tokens": 4096}
     board.add(make_record("my_opd", 0, 0.6, protocol={**protocol, "env_args": env_args_label({**options, "max_turns": 20})}))
     board.add(make_record("my_opd_plain", 0, 0.4, protocol=protocol))
     board.add(make_record("my_opd_prompt", 0, 0.3, protocol={**protocol, "system_prompt": "Think, then act.",
                                                              "env_args": env_args_label(options)}))
+    board.add(make_record("my_opd_short_context", 0, 0.3, protocol={**protocol, "max_context_tokens": 2048,
+                                                                    "env_args": env_args_label(options)}))
     board.build()
     lines = (tmp_path / "lb" / "LEADERBOARD.md").read_text().splitlines()
     row = {name: next(line for line in lines if line.startswith("| ") and f"| {name}" in line)
-           for name in ("my_opd", "my_opd_plain", "my_opd_prompt")}
+           for name in ("my_opd", "my_opd_plain", "my_opd_prompt", "my_opd_short_context")}
     assert "| my_opd |" in row["my_opd"] and row["my_opd"].endswith("| same as bench |")
     assert "| my_opd_plain [" in row["my_opd_plain"] and "] * |" in row["my_opd_plain"]
     assert "] * |" in row["my_opd_prompt"]  # another system prompt is another protocol too
+    assert "] * |" in row["my_opd_short_context"]  # and so is another context budget
 
     # the same protocol on other tasks than the bench's for that seed (provenance's task hash) is marked too
     def stated(record: dict, tasks: str) -> dict:
@@ -350,7 +353,7 @@ def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
         "--env-arg", "num_tasks=2", "--output-dir", "runs/my_opd", "--no-progress",
         "train.steps=2", "rollout.tasks_per_step=2", "rollout.max_turns=4", "rollout.max_new_tokens=8")
     command = ["eval", "--policy", "runs/my_opd", "--env", "household/valid_unseen", "--episodes", "100",
-               "--bench-tasks", "--max-new-tokens", "16", "--max-turns", "20", "--env-arg", "status_line=true",
+               "--bench-tasks", "--max-context-tokens", "4096", "--max-new-tokens", "16", "--max-turns", "20", "--env-arg", "status_line=true",
                "--env-arg", "goal_in_view=true", "--env-arg", "turn_counter=true", "--device", "cpu", "--no-progress"]
     cli(*command, "--out", "rec.json")
     cli("leaderboard", "stamp", "rec.json", "--command", " ".join(["agentgym-opd", *command]))
