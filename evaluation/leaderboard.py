@@ -549,6 +549,8 @@ class Leaderboard:
             lines.append("")
         lines += ["# Every metric", "", "Mean +- standard error; bold: best in the env split "
                   "(lowest for mean_turns and error rates).", ""]
+        # each row named as its line of the ranked table names it (budget, `same as bench`)
+        shown = {id(r): m.display for table in self.family_tables(rows) for m in table.methods for r in m.by_env.values()}
         for family, frows in self.by_family(rows).items():
             metrics = sorted({m for r in frows for m in r.metrics})
             best = {m: self.best(frows, m) for m in metrics}
@@ -557,7 +559,7 @@ class Leaderboard:
             lines.append("| " + " | ".join(md_cell(h) for h in head) + " |")
             lines.append("|" + "|".join("---" for _ in head) + "|")
             for r in frows:
-                cells = [md_cell(x) for x in (r.env_id, r.display_algorithm, r.student, r.teacher or "-",
+                cells = [md_cell(x) for x in (r.env_id, shown.get(id(r), r.display_algorithm), r.student, r.teacher or "-",
                                               ",".join(map(str, r.seeds)), r.n_episodes)]
                 for m in metrics:
                     if m not in r.metrics:

@@ -501,6 +501,8 @@ def test_a_bench_at_another_budget_publishes_beside_the_first_and_its_reference_
     md = (root / "LEADERBOARD.md").read_text()
     small = summary["settings"]["steps"] * summary["settings"]["episodes_per_step"] // 4
     assert f"| grpo ({small} episodes) |" in md and f"| grpo ({4 * small} episodes) |" in md
+    # the every-metric table names the lines as the ranked table does
+    assert f"| household/valid_unseen | grpo ({4 * small} episodes) |" in md
     assert "| warm_start |" in md
 
 def _files(root: Path) -> dict:
