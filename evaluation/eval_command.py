@@ -103,6 +103,12 @@ def _records(args: argparse.Namespace, seeds: list[int], env_kwargs: dict) -> li
                            bench_tasks=args.bench_tasks, **env_kwargs)
 
 
+def command_seeds(args: argparse.Namespace) -> list[int]:
+    """The seeds an eval command runs: ``--seeds``, else ``--seed``, else 0 (also what `leaderboard stamp`
+    reads from a record's command)."""
+    return args.seeds if args.seeds is not None else [args.seed if args.seed is not None else 0]
+
+
 def out_paths(out: str, seeds: list[int]) -> list[Path]:
     """`rec.json` for one seed; `rec.seed0.json`, `rec.seed1.json`, ... for several."""
     path = Path(out)
@@ -131,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from agentgym_opd.data import DataNotFoundError
     from agentgym_opd.registry import UnknownIdError
 
-    seeds = args.seeds if args.seeds is not None else [args.seed if args.seed is not None else 0]
+    seeds = command_seeds(args)
     try:
         records = _records(args, list(seeds), _env_args(args.env_arg))
     except (UnknownIdError, UnknownTaskError, DataNotFoundError, FileNotFoundError, ValueError) as err:

@@ -187,8 +187,7 @@ def evaluate_policy(
     if max_turns is not None:
         env_kwargs["max_turns"] = max_turns
     settings_env_args = dict(env_kwargs)  # what the protocol states; the split's size is not a setting
-    if bench_tasks and episodes is not None:
-        env_kwargs = {**bench_split_args(env_id, seeds, episodes), **env_kwargs}
+    env_kwargs = split_options(env_id, env_kwargs, seeds, episodes, bench_tasks)
     all_ids, split = _split_tasks(env_id, env_kwargs)
     tasks_of = {seed: seed_tasks(env_id, all_ids, seed, episodes, bench_tasks) for seed in seeds}
     source = resolve_policy(policy)
@@ -278,6 +277,16 @@ def _split_tasks(env_id: str, env_kwargs: dict[str, Any]) -> tuple[list[str], st
     if not ids:
         raise EvalSetupError(f"env {env_id} has no tasks to evaluate (check its data and constructor options)")
     return ids, split
+
+
+def split_options(env_id: str, env_kwargs: dict[str, Any], seeds: Sequence[int], episodes: int | None,
+                  bench_tasks: bool) -> dict[str, Any]:
+    """The env's constructor options for these seeds: with ``bench_tasks``, a split long enough for every
+    seed's block, as the bench sizes it (the caller's options win). One function for eval and `leaderboard
+    stamp`, so both select from the same split."""
+    if not (bench_tasks and episodes is not None):
+        return env_kwargs
+    return {**bench_split_args(env_id, seeds, episodes), **env_kwargs}
 
 
 def seed_tasks(env_id: str, task_ids: list[str], seed: int, episodes: int | None, bench_tasks: bool) -> list[str]:

@@ -214,8 +214,10 @@ def _parse_eval_command(command: list[str]) -> Any:
 
 
 def _seeds(args: Any) -> list[int]:
-    """The seeds an eval command runs (its default: seed 0)."""
-    return args.seeds if args.seeds is not None else [args.seed if args.seed is not None else 0]
+    """The seeds an eval command runs, as eval reads them."""
+    from evaluation.eval_command import command_seeds
+
+    return command_seeds(args)
 
 
 def _policy_source(policy: str) -> Any:
@@ -232,12 +234,9 @@ def _command_tasks(args: Any, seed: int) -> list[Any]:
     """The tasks the command evaluates for ``seed``, in order, as eval selects them."""
     from agentgym_opd.config import parse_key_values
     from agentgym_opd.registry import make
-    from evaluation.policy_eval import seed_tasks
-    from evaluation.runner import bench_split_args
+    from evaluation.policy_eval import seed_tasks, split_options
 
-    options = parse_key_values(args.env_arg, "--env-arg")
-    if args.bench_tasks and args.episodes is not None:  # as eval sizes the split for the seed's block
-        options = {**bench_split_args(args.env, [seed], args.episodes), **options}
+    options = split_options(args.env, parse_key_values(args.env_arg, "--env-arg"), [seed], args.episodes, args.bench_tasks)
     try:
         env = make(args.env, **options)
     except (LookupError, ValueError, TypeError) as err:
