@@ -63,8 +63,7 @@ class FlakyEnv(TextEnv):
     def _start(self, task):
         if task.id == "flaky/5":  # a backend that can never start this task
             os.kill(os.getpid(), signal.SIGKILL)
-        if self.crash_reset_once_in and not (Path(self.crash_reset_once_in) / "reset").exists():
-            (Path(self.crash_reset_once_in) / "reset").touch()
+        if self.crash_reset_once_in and _first_to_claim(Path(self.crash_reset_once_in) / "reset"):
             os.kill(os.getpid(), signal.SIGKILL)
         self.value = 0
         return f"{task.instruction} The counter is 0."
@@ -173,6 +172,16 @@ def _wait_until_dead(pid: int, timeout: float = 30.0) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"actor process {pid} still alive {timeout:.0f} s after ray.kill")
+
+
+def _first_to_claim(marker: Path) -> bool:
+    """Create ``marker`` atomically; True for the one process that created it. (Checking that it exists and
+    then touching it let two actors resetting side by side both crash: a fresh-clone CI run saw 2 restarts.)"""
+    try:
+        with open(marker, "x"):
+            return True
+    except FileExistsError:
+        return False
 
 
 def _flaky(**kwargs):
