@@ -64,14 +64,64 @@ def test_latent_teacher_puts_student_token_t_at_t_plus_jk(setup):
     torch.testing.assert_close(aligned[0, positions], direct[positions + 6], atol=1e-4, rtol=1e-4)
 
 
-def test_retrieval_excludes_the_episode_itself(setup):
-    _, batch, algo = setup
+def test_retrieval_never_returns_an_experience_of_the_episodes_own_task(setup, tmp_path):
+    """The episode's own trace, a sibling's success and the task's walkthrough all rank first (same instruction):
+    none is retrieved, and the search widens past them to J experiences of other tasks."""
+    policy, batch, _ = setup
+    algo = LOPD({"embedder": "hashing", "bank_path": str(tmp_path / "b"), "num_experiences": 2, "top_m": 16,
+                 "seed_walkthroughs": True}, policy)
     episode = batch.episodes[0]
-    algo.bank.add(trace_from_episode(episode))
-    own = trace_from_episode(episode).trace_hash()
+    task = episode.task
+    own_task = [trace_from_episode(episode), trace_from_episode(batch.episodes[1])]  # itself and its sibling
+    own_task += [Experience(ENV, task.id, task.instruction, [(f"step {k}", "ok")]) for k in range(6)]
+    algo.remember([episode])  # the task's walkthrough (seeding on)
+    algo.bank.add_many(own_task)
+    others = [Experience(ENV, f"other-{k}", f"put a mug in the fridge {k}", [("open fridge 1", "open")]) for k in range(3)]
+    algo.bank.add_many(others)
+    assert all(e.task_id == task.id for e in algo.bank.retrieve(task, k=2, env_id=ENV))  # they do rank first
     found = algo.retrieve(episode)
-    assert found and all(e.trace_hash() != own for e in found)
-    assert len(found) <= algo.config.num_experiences
+    assert len(found) == 2 and all(e.task_id.startswith("other-") for e in found)
+    only_own = LOPD({"embedder": "hashing", "bank_path": str(tmp_path / "own"), "top_m": 16}, policy)
+    only_own.bank.add_many(own_task)
+    assert only_own.retrieve(episode) == []  # nothing of another task: the row is masked, never handed its own task
+    state = only_own.prepare(batch)
+    assert [bool(f) for f in state.found] == [False, False, True, True]  # the other task's rows may use task 0's
+    assert all(e.task_id == task.id for f in state.found[2:] for e in f)
+
+
+class _Replay:
+    """A rollout engine that hands back one prepared batch (the trainer's collect-then-update order, without sampling)."""
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def collect(self, envs, tasks, *, group_size, seed):
+        return self.batch
+
+
+def test_a_batch_never_retrieves_its_own_episodes_and_banks_them_after_its_update(setup, tmp_path):
+    """collect -> update as the trainer runs them: successes of both tasks are in the batch, yet the batch's
+    retrieval sees an empty bank (every row masked); the successes are banked for the next batch."""
+    policy, batch, _ = setup
+    algo = LOPD({"embedder": "hashing", "bank_path": str(tmp_path / "b"), "top_m": 16}, policy)
+    successes = {0, 3}  # one per task: each row's other task has a success in this batch
+    for row, episode in enumerate(batch.episodes):
+        episode.success = row in successes
+    try:
+        collected = algo.collect(_Replay(batch), [], [], group_size=2, seed=0)
+        assert algo.bank.count() == 0
+        seen = []
+        prepare = algo.prepare
+        algo.prepare = lambda b: seen.append(prepare(b)) or seen[-1]
+        metrics = algo.update(collected)
+        assert metrics["masked_fraction"] == 1.0 and all(not found for found in seen[0].found)
+        banked = {e.trace_hash() for e in algo.bank.store.get(algo.bank.store.ids().tolist())}
+        assert banked == {trace_from_episode(batch.episodes[r]).trace_hash() for r in successes}
+        nxt = prepare(batch)  # the next batch of the same tasks: each row gets the OTHER task's success only
+        assert all(f and all(e.task_id != ep.task.id for e in f) for f, ep in zip(nxt.found, batch.episodes))
+    finally:
+        for episode in batch.episodes:
+            episode.success = False
 
 
 def test_dual_update_matches_hand_computation(setup):
@@ -125,9 +175,10 @@ def test_ablations_text_context_and_frozen_composer(setup, tmp_path):
                  "margin": False, "top_m": 16, "seed_walkthroughs": True}, policy)
     text.remember(batch.episodes)
     assert len(text.optimizer.param_groups) == 1 and not text.composer.trainable_parameters()
-    context = text.teacher_context(batch, 0)
-    assert context and batch.episodes[0].task.privileged["walkthrough"][0] in context  # retrieved walkthrough, as text
     state = text.prepare(batch)
+    context = state.contexts[0]
+    other = batch.episodes[2].task  # the batch's other task: its walkthrough is retrievable, row 0's own is not
+    assert context and other.privileged["walkthrough"][0] in context  # retrieved walkthrough, as text
     loss, metrics = text.loss(batch, state)
     loss.backward()
     assert torch.isfinite(loss) and state.metrics["masked_fraction"] < 1.0

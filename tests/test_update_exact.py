@@ -17,6 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import agentgym_opd
+
 from agentgym_opd.algorithm import sequence_logits
 from agentgym_opd.distill import aligned_teacher_logits, teacher_inputs, teacher_prefix
 from agentgym_opd.losses import group_advantages, token_logprobs
@@ -31,7 +33,7 @@ from algorithms.sage_opd import SAGEOPD
 from algorithms.sdpo import SDPO
 from algorithms.sft import SFT
 from algorithms.vpd import VPD
-from tiny_rollouts import tiny_household_rollout
+from tiny_rollouts import HOUSEHOLD, tiny_household_rollout
 
 LR = 0.05
 TOL = 1e-5
@@ -252,7 +254,7 @@ def test_lopd_step_is_reverse_kl_on_student_top_m_with_tail_plus_the_margin_term
 
     def bank(algo):
         algo.work_dir = None
-        algo.remember(batch.episodes)  # rows 0 and 3 succeeded: each row retrieves another row's success
+        algo.bank.add_many(other_tasks_experience())  # earlier batches' successes on tasks outside this batch
         generator = torch.Generator().manual_seed(3)
         with torch.no_grad():  # move the frozen teacher away from the student, so KL's direction shows
             for p in algo.frozen_teacher.parameters():
@@ -263,7 +265,8 @@ def test_lopd_step_is_reverse_kl_on_student_top_m_with_tail_plus_the_margin_term
     def hand(algo, batch):
         logits, logp, mask = full_forward(algo, batch)
         found = [algo.retrieve(e) for e in batch.episodes]
-        assert all(found)
+        batch_tasks = {e.task.id for e in batch.episodes}
+        assert all(found) and not any(x.task_id in batch_tasks for f in found for x in f)  # no leak of the batch
         context = [algo.composer.context(e.task.instruction, [x.as_text() for x in f]) for e, f in zip(batch.episodes, found)]
         teacher = []  # row by row, the teacher's whole forward over [latents ; embedded ids]
         for r, latents in enumerate(context):
@@ -289,6 +292,15 @@ def test_lopd_step_is_reverse_kl_on_student_top_m_with_tail_plus_the_margin_term
     _, metrics = check_method(LOPD, config, batch, hand, prepare=bank)
     assert metrics["margin_gap"] == pytest.approx(gaps["gap"], abs=TOL)
     assert metrics["beta"] == pytest.approx(max(0.0, beta + eta * (margin - gaps["gap"])), abs=TOL)
+
+
+def other_tasks_experience():
+    """Successful traces of household tasks that are not in the test batch (the bank LOPD may retrieve from)."""
+    from experience_bank import Experience
+
+    env = agentgym_opd.make(HOUSEHOLD, num_tasks=6)
+    tasks = [env.get_task(t) for t in env.task_ids()[2:5]]
+    return [Experience(t.env_id, t.id, t.instruction, [(a, "OK.") for a in t.privileged["walkthrough"]]) for t in tasks]
 
 
 @pytest.mark.parametrize("view", ["student", "teacher"])

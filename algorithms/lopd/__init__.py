@@ -3,9 +3,21 @@
 Experience. The student's successful training episodes (instruction + compact action-result trace) go
 into an :class:`experience_bank.ExperienceBank` (``algo.bank_path``, else ``<output_dir>/experience_bank``).
 The bank holds successful rollouts only, as in the paper; ``algo.seed_walkthroughs`` also puts each task's
-expert walkthrough in (not the paper's setting: being handed the solution is OPSD's). For each episode
-the top-J experiences of its task are retrieved once per batch, never the episode's own trace. Under
-torchrun every rank adds every rank's successes, so all ranks retrieve from the same bank.
+expert walkthrough in (not the paper's setting). Under torchrun every rank adds every rank's successes, so
+all ranks retrieve from the same bank.
+
+Retrieval rule (what keeps LOPD apart from OPSD and SDPO, ``METHODS.md``: "never an experience of the
+current task"). For an episode of task X, the top-J experiences by instruction similarity are taken from
+the experiences that
+
+- belong to ANOTHER task than X (same env, a different task id): never X's walkthrough, never a sibling
+  rollout's success on X, never the episode's own trace. Being handed X's solution is OPSD's setting, a
+  successful sibling SDPO's; LOPD learns its context from other tasks' experience. Another task with the
+  same instruction text (a different layout of the same goal) is another task and may be retrieved;
+- were banked BEFORE this batch: a batch's successes enter the bank only after its update
+  (:meth:`LOPD.update`), so no episode of a batch is retrievable by that batch.
+
+The J experiences are retrieved once per batch (``prepare``).
 
 Teacher. A frozen copy of the initial backbone (a LoRA student's base, without its adapter), conditioned
 on ``c_phi``: the J x K latents the :class:`~algorithms.lopd.composer.LatentComposer` (LoRA encoder + K
@@ -42,8 +54,8 @@ import torch
 
 from agentgym_opd.algorithm import LossTerm, Step, fit_width, micro_batch, weighted_sum
 from agentgym_opd.config import constrained
-from agentgym_opd.distill import (DistillConfig, DistillState, DistillationAlgorithm, TeacherInputs,
-                                  aligned_teacher_hidden, aligned_teacher_logits, reverse_kl_per_token, with_context)
+from agentgym_opd.distill import (DistillConfig, DistillState, DistillationAlgorithm, aligned_teacher_hidden,
+                                  reverse_kl_per_token, with_context)
 from agentgym_opd.losses import token_logprobs, topm_distillation
 from agentgym_opd.policy.hf import (can_chunk, chunk_positions, chunked_over_positions, final_hidden_states,
                                    output_head, output_logits)
@@ -85,6 +97,11 @@ class LOPDState(DistillState):
     """Per batch: the experiences retrieved for each row (empty: the row is masked out)."""
 
     found: list[list[Any]] = field(default_factory=list)
+
+
+def same_task(experience: Any, task: Any) -> bool:
+    """Whether a banked experience is of ``task`` (same env and task id): LOPD never retrieves those."""
+    return experience.env_id == task.env_id and experience.task_id == task.id
 
 
 def walkthrough_experience(episode: Episode):
@@ -184,10 +201,12 @@ class LOPD(DistillationAlgorithm):
             self._bank = ExperienceBank(folder, HashingEmbedder() if c.embedder == "hashing" else SentenceEmbedder())
         return self._bank
 
-    def collect(self, engine, envs, tasks, *, group_size, seed) -> RolloutBatch:
-        batch = super().collect(engine, envs, tasks, group_size=group_size, seed=seed)
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """The batch's update, THEN its successes enter the bank: retrieval for a batch (in ``prepare``) never
+        sees that batch's own episodes (the retrieval rule in the module docstring)."""
+        metrics = super().update(batch)
         self.remember(batch.episodes)
-        return batch
+        return metrics
 
     def remember(self, episodes: Sequence[Episode]) -> None:
         """Bank every rank's successful episodes (and, once per task, its walkthrough when seeding is on)."""
@@ -211,14 +230,22 @@ class LOPD(DistillationAlgorithm):
             self.bank.add_many(items)
 
     def retrieve(self, episode: Episode) -> list[Any]:
-        """Top-J experiences for the episode's task, never the episode's own trace."""
-        from experience_bank import trace_from_episode
+        """Top-J experiences of OTHER tasks of the episode's env, best first (the retrieval rule in the module
+        docstring: nothing of the episode's own task, hence never its own trace).
 
-        if self.bank.count() == 0:
-            return []
-        own = trace_from_episode(episode).trace_hash()
-        found = self.bank.retrieve(episode.task, k=self.config.num_experiences + 1, env_id=episode.task.env_id)
-        return [e for e in found if e.trace_hash() != own][: self.config.num_experiences]
+        The bank ranks by similarity and an experience of the same task ranks first (identical instruction),
+        so the search widens (doubling ``k``) until J others are found or the env's experiences run out."""
+        task = episode.task
+        wanted = self.config.num_experiences
+        available = self.bank.count(task.env_id)
+        k = min(2 * wanted, available)
+        while k > 0:
+            found = self.bank.retrieve(task, k=k, env_id=task.env_id)
+            others = [e for e in found if not same_task(e, task)]
+            if len(others) >= wanted or k >= available:
+                return others[:wanted]
+            k = min(2 * k, available)
+        return []
 
     # ------------------------------------------------------------------ teacher
     def prepare(self, batch: RolloutBatch) -> LOPDState:
@@ -227,15 +254,8 @@ class LOPD(DistillationAlgorithm):
         success = torch.tensor([float(ep.success) for ep in batch.episodes])
         kept = torch.tensor([float(bool(f)) for f in found])
         return LOPDState(metrics={"masked_fraction": 1.0 - float(kept.mean()), "bank_size": float(self.bank.count()),
-                                  "margin_rows": float((kept * success).sum())},
+                                  "margin_rows": float((kept * success).sum()), "beta": self.beta},
                          contexts=contexts, found=found)
-
-    def teacher_context(self, batch: RolloutBatch, row: int) -> str | None:
-        found = self.retrieve(batch.episodes[row])
-        return with_context([e.as_text() for e in found]) if found else None
-
-    def teacher_logits(self, inputs: TeacherInputs, width: int) -> torch.Tensor:
-        return aligned_teacher_logits(self.frozen_teacher, inputs, width)
 
     def token_weights(self, batch: RolloutBatch, state: LOPDState, step: Step) -> dict[str, LossTerm]:
         terms = super().token_weights(batch, state, step)
