@@ -1,9 +1,13 @@
 """`ExperienceBank`: add successful episodes, retrieve the top-J most similar for a new task.
 
-The bank is a folder with `bank.sqlite` (the truth: rows and their embeddings) and `index.faiss` (a cache).
-Adds commit to SQLite first, then update the in-memory index; the index file is saved on `flush()` /
-`close()`. A bank opened after a crash rebuilds the index from the stored embeddings if the saved index
-does not match the store, so nothing committed is ever missing from retrieval.
+The bank is a folder with `bank.sqlite` (the truth: rows, their texts and their embeddings) and
+`index.faiss` with its checksum `index.faiss.sha256` (a cache). Adds commit to SQLite first, then update the
+in-memory index; the index file is saved on `flush()` / `close()`. Opening a bank removes the temporary
+files of killed writers and rebuilds the index from the store, with a warning in the log saying why, when
+the saved one cannot be trusted: missing, damaged (it does not match its checksum: a flipped byte, a
+truncated file), or not holding the store's rows (a crash between a commit and the index save). A row
+whose stored embedding is itself damaged is embedded again from its text. So nothing committed is ever
+missing from retrieval or retrieved by a corrupted vector.
 
 Several processes may share one bank folder (e.g. rollout workers adding while a trainer retrieves):
 SQLite serialises their commits; each process keeps its own in-memory index and, before it retrieves or
@@ -14,6 +18,7 @@ file (`index.py`), so concurrent saves never collide; the last one holds every r
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -21,9 +26,11 @@ import numpy as np
 
 from agentgym_opd.embedding import Embedder, SentenceEmbedder
 from agentgym_opd.types import Episode, Task
-from experience_bank.index import index_lock, VectorIndex
+from experience_bank.index import UnusableIndex, VectorIndex
 from experience_bank.records import Experience, trace_from_episode
 from experience_bank.store import ExperienceStore, StoreError
+
+logger = logging.getLogger(__name__)
 
 
 class ExperienceBank:
@@ -34,12 +41,24 @@ class ExperienceBank:
         self.store = ExperienceStore(self.path / "bank.sqlite", embedder_name=self.embedder.name, dim=self.embedder.dim)
         self.index_path = self.path / "index.faiss"
         self._seen_version = self.store.data_version()
-        index = VectorIndex.load(self.index_path, self.embedder.dim)
-        self.rebuilt_on_open = index is None or not np.array_equal(index.ids(), self.store.ids())
-        if self.rebuilt_on_open:
+        problem = self._open_index()
+        self.rebuilt_on_open = problem is not None
+        if problem is not None:
+            if self.store.count():  # a new bank has nothing to rebuild: no warning
+                logger.warning("experience bank %s: %s; rebuilt the index from the %d rows of %s (nothing is lost)",
+                               self.path, problem, self.store.count(), self.store.path.name)
             self.rebuild_index()
-        else:
-            self.index = index
+
+    def _open_index(self) -> str | None:
+        """Load the saved index into ``self.index``; None when it is usable, else why it is not."""
+        try:
+            index = VectorIndex.load(self.index_path, self.embedder.dim)
+        except UnusableIndex as err:
+            return str(err)
+        if not np.array_equal(index.ids(), self.store.ids()):
+            return f"{self.index_path} does not hold the store's rows (a crash between a commit and the index save)"
+        self.index = index
+        return None
 
     # ------------------------------------------------------------------ writing
     def add(self, item: Episode | Experience) -> int:
@@ -65,11 +84,26 @@ class ExperienceBank:
         self.index.remove([exp_id])
 
     def rebuild_index(self) -> None:
+        """A new index from the store's rows, saved."""
         self._seen_version = self.store.data_version()
-        ids, vectors = self.store.embeddings()
         self.index = VectorIndex(self.embedder.dim)
-        self.index.add(ids, vectors)
+        self.index.add(*self._stored_vectors())
         self._save()
+
+    def _stored_vectors(self, ids: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, vectors) of the store's rows (all, or ``ids``); a row whose stored vector is damaged is
+        embedded again from its text, written back to the store, and logged, so it is never left out."""
+        found, vectors, damaged = self.store.embeddings(ids)
+        if not damaged:
+            return found, vectors
+        texts = self.store.instructions(damaged)
+        fixed_ids = [i for i in damaged if i in texts]  # a row deleted meanwhile needs nothing
+        fresh = self.embedder.embed([texts[i] for i in fixed_ids])
+        self.store.set_embeddings(fixed_ids, fresh)
+        logger.warning("experience bank %s: %d stored embedding(s) were damaged (ids %s); embedded their texts again",
+                       self.path, len(fixed_ids), fixed_ids[:10])
+        return (np.concatenate([found, np.array(fixed_ids, dtype=np.int64)]),
+                np.vstack([vectors, np.asarray(fresh, dtype=np.float32).reshape(-1, self.embedder.dim)]))
 
     def sync(self) -> bool:
         """Bring the in-memory index up to date with rows other processes committed or deleted since this
@@ -84,7 +118,7 @@ class ExperienceBank:
         if len(gone):
             self.index.remove(gone.tolist())
         if len(new):
-            self.index.add(*self.store.embeddings(new.tolist()))
+            self.index.add(*self._stored_vectors(new.tolist()))
         return bool(len(gone) or len(new))
 
     def flush(self) -> None:
@@ -92,8 +126,7 @@ class ExperienceBank:
         self._save()
 
     def _save(self) -> None:
-        with index_lock(self.index_path):
-            self.index.save(self.index_path)
+        self.index.save(self.index_path)  # under the index lock, with its checksum (`VectorIndex.save`)
 
     # ------------------------------------------------------------------ reading
     def retrieve(self, query: str | Task, k: int = 3, *, env_id: str | None = None) -> list[Experience]:

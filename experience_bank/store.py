@@ -160,8 +160,10 @@ class ExperienceStore:
         """SQLite's counter of commits by *other* connections: unchanged means nobody else wrote."""
         return int(self.conn.execute("PRAGMA data_version").fetchone()[0])
 
-    def embeddings(self, ids: Iterable[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, vectors) of every row, or of the given ids, for (re)building the index."""
+    def embeddings(self, ids: Iterable[int] | None = None) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """(ids, vectors, damaged) of every row, or of the given ids, for (re)building the index. A stored
+        vector that is not ``dim`` finite float32 values is left out of ids and vectors and its row id listed in
+        ``damaged``: the caller embeds that row's text again (`set_embeddings`), so no row goes missing."""
         if ids is None:
             rows = self.conn.execute("SELECT id, embedding FROM experiences ORDER BY id")
         else:
@@ -169,13 +171,28 @@ class ExperienceStore:
             rows = [r for start in range(0, len(wanted), 500) for r in self.conn.execute(
                 f"SELECT id, embedding FROM experiences WHERE id IN ({','.join('?' * len(wanted[start:start + 500]))}) "
                 "ORDER BY id", wanted[start:start + 500])]
-        ids, vecs = [], []
+        ids, vecs, damaged = [], [], []
         for rid, blob in rows:
+            vector = np.frombuffer(blob, dtype=np.float32) if isinstance(blob, bytes) and len(blob) == 4 * self.dim else None
+            if vector is None or not np.isfinite(vector).all():
+                damaged.append(int(rid))
+                continue
             ids.append(rid)
-            vecs.append(np.frombuffer(blob, dtype=np.float32))
+            vecs.append(vector)
         if not ids:
-            return np.zeros(0, dtype=np.int64), np.zeros((0, self.dim), dtype=np.float32)
-        return np.array(ids, dtype=np.int64), np.vstack(vecs)
+            return np.zeros(0, dtype=np.int64), np.zeros((0, self.dim), dtype=np.float32), damaged
+        return np.array(ids, dtype=np.int64), np.vstack(vecs), damaged
+
+    def set_embeddings(self, ids: Iterable[int], vectors: np.ndarray) -> None:
+        """Replace the stored vectors of existing rows (a damaged one embedded again), in one transaction."""
+        vectors = np.asarray(vectors, dtype=np.float32).reshape(-1, self.dim)
+        with self.transaction() as conn:
+            conn.executemany("UPDATE experiences SET embedding = ? WHERE id = ?",
+                             [(v.tobytes(), int(i)) for i, v in zip(ids, vectors)])
+
+    def instructions(self, ids: Iterable[int]) -> dict[int, str]:
+        """The task instruction (the embedded text) of each given row that exists."""
+        return {e.id: e.instruction for e in self.get(ids) if e.id is not None}
 
     def export(self) -> list[dict]:
         return [vars(e) for e in self.get(self.ids().tolist())]
