@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 from importlib import metadata
 from typing import Any, Sequence
 
 COMMAND_GROUP = "agentgym_opd.commands"
+DISTRIBUTION = "agentgym-opd"
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `yes | head` reports for `yes`: the reader left, nothing failed
+NOTHING_WRITTEN = "this command writes no files"
 
 
 def _list_registry(registry: Any, as_json: bool) -> int:
@@ -71,7 +76,10 @@ def _cmd_play(args: argparse.Namespace) -> int:
             return 0
         if line.strip() in {"quit", "exit"}:
             return 0
-        if admissible and line.strip().isdigit() and int(line) < len(admissible):
+        if admissible and line.strip().isdigit():
+            if int(line) >= len(admissible):
+                print(f"  (no action number {line.strip()}: pick 0-{len(admissible) - 1}, or type an action)")
+                continue
             line = admissible[int(line)]
             print(f"> {line}")
         obs, reward, terminated, truncated, info = env.step(line)
@@ -98,15 +106,16 @@ def _parse_override(text: str) -> tuple[str, object]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentgym-opd", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("envs", help="list registered environments")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=_cmd_envs)
+    p.set_defaults(func=_cmd_envs, kept_after_interrupt=lambda args: NOTHING_WRITTEN)
 
     p = sub.add_parser("algos", aliases=["algorithms"], help="list registered algorithms")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=_cmd_algos)
+    p.set_defaults(func=_cmd_algos, kept_after_interrupt=lambda args: NOTHING_WRITTEN)
 
     p = sub.add_parser("play", help="play an environment in the terminal")
     p.add_argument("env_id", help="a registered env id (`agentgym-opd envs` lists them)")
@@ -114,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-id", default=None, help="play this task of the split (env.task_ids() lists them)")
     p.add_argument("--env-arg", "--set", dest="set", action="append", default=[], metavar="KEY=VALUE",
                    help="env constructor option (JSON value), e.g. status_line=true; repeatable (as in train and eval)")
-    p.set_defaults(func=_cmd_play)
+    p.set_defaults(func=_cmd_play, kept_after_interrupt=lambda args: "a played episode is not saved")
 
     for ep in sorted(metadata.entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
         try:
@@ -122,17 +131,41 @@ def build_parser() -> argparse.ArgumentParser:
         except ImportError as err:  # a stale or broken plugin command must not take the other commands down
             print(f"(command {ep.name!r} from {ep.value} failed to load: {err}; reinstall the package)", file=sys.stderr)
             continue
-        p = sub.add_parser(ep.name, help=getattr(module, "HELP", ""))
+        # no abbreviated options (`--pub` for `--publish`): a command's argv is recorded as typed in the records
+        # it writes and rerun by `leaderboard reproduce`, so every option must mean the same word for word
+        p = sub.add_parser(ep.name, help=getattr(module, "HELP", ""), allow_abbrev=False)
         module.add_arguments(p)
-        p.set_defaults(func=module.run)
+        p.set_defaults(func=module.run, kept_after_interrupt=getattr(module, "kept_after_interrupt", None))
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from agentgym_opd.core import UnknownTaskError
-    from agentgym_opd.data import DataNotFoundError
-    from agentgym_opd.registry import BadArgumentsError, UnknownIdError
+def package_version() -> str:
+    """The installed distribution's version (pyproject's `version`), for `--version` and bug reports."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "(not installed: run `pip install -e .` in the repository)"
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Two ways a command stops early end without a traceback: Ctrl-C prints one line
+    saying what the command kept and exits 130; a reader that leaves the pipe (`envs --json | head`)
+    ends the output quietly with 141, as a process killed by SIGPIPE would."""
+    args: argparse.Namespace | None = None
+    try:
+        args = _parse(argv)
+        code = _dispatch(args)
+        sys.stdout.flush()  # a closed pipe shows up here rather than in the interpreter's own exit flush
+        return code
+    except KeyboardInterrupt as stop:
+        print(f"interrupted; {_kept_after_interrupt(args, stop)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     # kept as typed: some env packages (ALFWorld's, TextWorld's) rewrite sys.argv when imported, and a record
     # stamps the command that made it (`args.invoked_argv`)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -144,11 +177,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = list(args.overrides or []) + extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from agentgym_opd.core import UnknownTaskError
+    from agentgym_opd.data import DataNotFoundError
+    from agentgym_opd.registry import BadArgumentsError, UnknownIdError
+
     try:
         return int(args.func(args) or 0)
     except (UnknownIdError, BadArgumentsError, UnknownTaskError, DataNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)  # user input errors: the message says what to do, no traceback
         return 2
+
+
+def _kept_after_interrupt(args: argparse.Namespace | None, stop: KeyboardInterrupt) -> str:
+    """What an interrupted command leaves behind: the interrupt's own message when the command raised it
+    knowing (eval: "partial record kept at ..."), else the command's `kept_after_interrupt(args)`, else a
+    plain statement that nothing written is undone."""
+    if str(stop):
+        return str(stop)
+    describe = getattr(args, "kept_after_interrupt", None)
+    if describe is None:
+        return "nothing was started" if args is None else "files it had written stay as they are"
+    try:
+        return describe(args)
+    except Exception as err:  # the note must not replace the interrupt with a traceback of its own
+        return f"(could not say what was kept: {err})"
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's exit flush of what is still buffered for the closed
+    pipe fails silently instead of printing 'Exception ignored ... BrokenPipeError'."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is no real file (a test's capture): nothing will flush to a pipe
+        pass
 
 
 if __name__ == "__main__":

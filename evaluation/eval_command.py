@@ -4,7 +4,8 @@
 `smollm2`, a local HF folder, a trainer checkpoint or a run folder (`evaluation.policy_eval`). Both write
 the same record, one per seed. A model's run shows episodes done with ETA and tokens/s, and with `--out`
 writes each episode's outcome (and the first `--transcripts` transcripts) beside the record as it goes. Bad input (a path that is no model, an unknown env id, an env with no tasks, impossible
-settings) prints one `error:` line and exits with code 2, without a traceback.
+settings) prints one `error:` line and exits with code 2, without a traceback. Ctrl-C prints one line
+saying which records were kept (a model run keeps the episodes that ended as a partial record) and exits 130.
 """
 
 from __future__ import annotations
@@ -132,6 +133,14 @@ def _stamp(path: Path, record: dict, argv: list[str] | None) -> None:
     path.write_text(json.dumps(stamped, indent=2) + "\n")
 
 
+def kept_after_interrupt(args: argparse.Namespace) -> str:
+    """What Ctrl-C leaves when it stops eval before a model's first episode ended (a model run that has
+    finished episodes says itself what it kept; see `evaluation.policy_eval`). The CLI prints it and exits 130."""
+    if args.policy in SCRIPTED_AGENTS:
+        return "no record written (a scripted run writes its record when it ends)"
+    return "no episode had ended, so no record was written"
+
+
 def run(args: argparse.Namespace) -> int:
     from agentgym_opd.core import UnknownTaskError
     from agentgym_opd.data import DataNotFoundError
@@ -143,9 +152,6 @@ def run(args: argparse.Namespace) -> int:
     except (UnknownIdError, UnknownTaskError, DataNotFoundError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)  # bad input: the message says what to do, no traceback
         return 2
-    except KeyboardInterrupt as stop:
-        print(f"interrupted: {str(stop) or 'no episode had finished, nothing written'}", file=sys.stderr)
-        return 130
     if args.out:
         for path, record in zip(out_paths(args.out, list(seeds)), records):
             if args.policy in SCRIPTED_AGENTS:  # model runs wrote theirs as they went

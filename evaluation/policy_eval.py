@@ -26,9 +26,10 @@ merged into its base; `--executor ray` is for scripted agents only.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
@@ -102,16 +103,73 @@ def record_protocol(env_id: str, source: PolicySource, *, temperature: float, to
     return {**written, "env_args": options} if options is not None else written
 
 
-class _Progress:
-    """Episodes done / total with ETA, success so far and tokens/s on the bar, updated as each episode ends;
-    each episode appended to the JSONL at once, so an interrupt loses only the episodes still running."""
+class EpisodeEta:
+    """Time left in a run whose episodes play ``slots`` at a time, each taking a freed slot as soon as an
+    earlier one ends (the rollout engine's continuous batching).
 
-    def __init__(self, total: int, desc: str, enabled: bool, out: Path | None, transcripts: int, tokenizer: Any):
-        self.bar = tqdm(total=total, desc=desc, unit="ep", disable=not enabled)
+    Why not tqdm's ETA: it divides elapsed time by episodes done, as if episodes ran one after another. With
+    100 episodes side by side the first one ends after a whole episode's latency (say 44 s of a 100 s run),
+    and 99 x 44 s reads "1:12:44". Here the mean latency L of the finished episodes is the unit of work:
+    a running episode of age a has L - a left; one older than L ("overdue": it outlived the finished ones,
+    which are biased short) is guessed to have a x (the share of started episodes still running) left, which
+    is long while most of its cohort runs and shrinks as the cohort ends; an episode not started yet needs
+    L once it gets a slot. The run ends when the running ones end, or, with episodes still waiting, one L
+    after the last of them starts, which is when the slots have worked off the earlier ones.
+    Rollout k starts at time 0 when k < slots, else when the (k - slots + 1)-th episode ends (rollouts start
+    in index order), which gives each finished episode's latency without the engine reporting it.
+    `clock` is injectable (tests use a fake one); `seconds_left()` is None until an episode has ended."""
+
+    def __init__(self, total: int, slots: int, clock: Callable[[], float] = time.perf_counter):
+        self.total, self.slots, self.clock = total, max(1, min(slots, total)), clock
+        self.started_at = clock()
+        self.running: dict[int, float] = {k: self.started_at for k in range(self.slots)}  # index -> start
+        self.latencies: list[float] = []
+
+    def finished(self, index: int) -> None:
+        """Episode ``index`` ended now: its latency is known and its slot goes to the next waiting one."""
+        now = self.clock()
+        start = self.running.pop(index, self.started_at)
+        self.latencies.append(now - start)
+        next_index = self.slots + len(self.latencies) - 1
+        if next_index < self.total:
+            self.running[next_index] = now
+
+    def seconds_left(self) -> float | None:
+        if not self.latencies:
+            return None
+        now = self.clock()
+        mean = sum(self.latencies) / len(self.latencies)
+        started = len(self.latencies) + len(self.running)
+        still_running = len(self.running) / started
+        left = sorted(mean - age if age < mean else age * still_running
+                      for age in (now - start for start in self.running.values()))
+        waiting = self.total - started
+        if waiting == 0:
+            return max(left, default=0.0)
+        if waiting <= len(left):  # the last waiting episode takes the waiting-th slot to free up
+            last_start = left[waiting - 1]
+        else:  # the slots work off what runs and all but one slot-full of the waiting ones first
+            last_start = (sum(left) + (waiting - len(left)) * mean) / max(len(left), 1)
+        return max(max(left, default=0.0), last_start + mean)
+
+
+class _Progress:
+    """Episodes done / total with ETA (`EpisodeEta`), success so far and tokens/s on the bar, updated as each
+    episode ends; each episode appended to the JSONL at once, so an interrupt loses only the episodes still
+    running."""
+
+    BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+
+    def __init__(self, total: int, desc: str, enabled: bool, out: Path | None, transcripts: int, tokenizer: Any,
+                 slots: int = 1, clock: Callable[[], float] = time.perf_counter):
+        self.bar = tqdm(total=total, desc=desc, unit="ep", disable=not enabled, bar_format=self.BAR_FORMAT)
         self.out, self.transcripts, self.tokenizer = out, transcripts, tokenizer
-        self.started = time.perf_counter()
+        self.clock = clock
+        self.started = clock()
+        self.eta = EpisodeEta(total, slots, clock)
         self.finished: list[tuple[int, Episode]] = []
         self.agent_tokens = 0
+        self.bar.set_postfix({"eta": "?"})
 
     def __call__(self, index: int, episode: Episode) -> None:
         if self.out is not None:
@@ -119,10 +177,16 @@ class _Progress:
                 fh.write(json.dumps(episode_line(episode, index, transcript=index < self.transcripts,
                                                  tokenizer=self.tokenizer)) + "\n")
         self.finished.append((index, episode))
+        self.eta.finished(index)
         self.agent_tokens += sum(len(t.action_token_ids) for t in episode.turns)
         self.bar.update(1)
-        self.bar.set_postfix({"success": f"{sum(e.success for _, e in self.finished) / len(self.finished):.2f}",
+        self.bar.set_postfix({"eta": self.eta_text(),
+                              "success": f"{sum(e.success for _, e in self.finished) / len(self.finished):.2f}",
                               "tok/s": f"{self.tokens_per_s:.1f}"})
+
+    def eta_text(self) -> str:
+        left = self.eta.seconds_left()
+        return "?" if left is None else tqdm.format_interval(left)
 
     @property
     def done(self) -> list[Episode]:
@@ -131,7 +195,7 @@ class _Progress:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.agent_tokens / max(time.perf_counter() - self.started, 1e-9)
+        return self.agent_tokens / max(self.clock() - self.started, 1e-9)
 
 
 def kept_traces(episodes: Sequence[Episode], tokenizer: Any, limit: int = KEPT_EPISODES) -> list[dict[str, Any]]:
@@ -219,8 +283,9 @@ def evaluate_policy(
         if lines is not None:
             lines.parent.mkdir(parents=True, exist_ok=True)
             lines.write_text("")
-        bar = _Progress(len(task_ids) * samples, f"eval {env_id} seed {seed}", progress, lines, transcripts,
-                        getattr(model, "tokenizer", None))
+        total = len(task_ids) * samples
+        bar = _Progress(total, f"eval {env_id} seed {seed}", progress, lines, transcripts,
+                        getattr(model, "tokenizer", None), slots=min(batch_size, total))
         started = time.perf_counter()
         interrupted = False
         try:
@@ -232,7 +297,7 @@ def evaluate_policy(
         finally:
             bar.bar.close()
         if interrupted and not bar.done:
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt(_kept_note(seeds[:i], out_paths, seed, None, 0))
         record = make_record(env_id, split, bar.done, algorithm=source.algorithm, student=source.student,
                              teacher=source.teacher, algorithm_config=source.algorithm_config, seed=seed,
                              wall_time_s=time.perf_counter() - started, k_values=k_values,
@@ -241,9 +306,38 @@ def evaluate_policy(
         record["episodes"] = kept_traces(bar.done, getattr(model, "tokenizer", None))
         records.append(record)
         if out is not None:
-            out.write_text(json.dumps(record, indent=2) + "\n")
+            write_json_atomically(out, record)
         if interrupted:  # the partial record is written; stop here as the user asked
-            raise KeyboardInterrupt(f"interrupted after {len(bar.done)} episodes; partial record kept")
+            raise KeyboardInterrupt(_kept_note(seeds[:i], out_paths, seed, out, len(bar.done)))
+    return records
+
+
+def write_json_atomically(path: Path, value: Any) -> None:
+    """Write ``value`` as JSON through a temporary file and a rename, so a second Ctrl-C (or a kill) in the
+    middle leaves the old file or the new one, never half a record."""
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+
+
+def _kept_note(done_seeds: Sequence[int], out_paths: Sequence[Path] | None, seed: int, partial: Path | None,
+               finished: int) -> str:
+    """What an interrupted evaluation leaves, for the one line the CLI prints: the records of the seeds that
+    ended, and the interrupted seed's partial record (or why there is none)."""
+    parts = []
+    if done_seeds:
+        where = (", ".join(str(out_paths[k]) for k in range(len(done_seeds))) if out_paths is not None
+                 else "not written: no --out")
+        parts.append(f"complete records of seed{'s' if len(done_seeds) > 1 else ''} "
+                     f"{', '.join(map(str, done_seeds))}: {where}")
+    if finished == 0:
+        parts.append(f"seed {seed} stopped before any episode ended, so it has no record")
+    elif partial is None:
+        parts.append(f"seed {seed} stopped after {finished} episodes; its partial record is not written (no --out)")
+    else:
+        parts.append(f"seed {seed} stopped after {finished} episodes; its partial record (protocol.partial = "
+                     f"true) is kept at {partial}, the episodes at {episodes_path(partial)}")
+    return "; ".join(parts)
     return records
 
 

@@ -64,3 +64,103 @@ def test_play_takes_env_options_as_env_arg_like_train_and_eval(tmp_path):
     assert "You are not carrying anything" in out.stdout and "You are not carrying anything" not in plain.stdout
     bad = cli("play", "household/train", "--env-arg", "status_line", cwd=tmp_path)
     assert bad.returncode != 0 and "--env-arg expects KEY=VALUE" in bad.stderr
+
+
+def _wait_for(stream, text: str, limit_s: float = 120.0) -> str:
+    """Read a child's output until `text` shows up (the child is then blocked where the test wants it)."""
+    import os
+    import select
+    import time
+
+    seen, deadline = "", time.monotonic() + limit_s
+    while text not in seen:
+        ready, _, _ = select.select([stream], [], [], max(deadline - time.monotonic(), 0))
+        chunk = os.read(stream.fileno(), 4096).decode() if ready else ""
+        if not chunk:
+            raise AssertionError(f"{text!r} never came; got {seen[-500:]!r}")
+        seen += chunk
+    return seen
+
+
+def test_a_reader_that_leaves_the_pipe_ends_the_listing_quietly(tmp_path):
+    # `agentgym-opd envs | head -1`: head closes the pipe; the listing must not end in a BrokenPipe traceback
+    for args in (["envs"], ["envs", "--json"], ["algos"]):
+        proc = subprocess.Popen([sys.executable, "-m", "agentgym_opd.cli", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=tmp_path)
+        proc.stdout.close()  # the reader is gone before the first line is written
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 141, (args, err.decode())  # 128 + SIGPIPE, as `yes | head` reports for yes
+        assert b"Traceback" not in err and b"Exception ignored" not in err and b"BrokenPipe" not in err
+
+
+def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "agentgym_opd.cli", "play", "household/train"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    _wait_for(proc.stdout, "\n> ")  # waiting for the player's first action
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    proc.stdin.close()
+    assert proc.returncode == 130, err.decode()
+    assert err.decode().strip().splitlines() == ["interrupted; a played episode is not saved"]
+
+
+def interrupt_on_third_reply(text: str, finish_reason: str):
+    """An action parser that stands in for Ctrl-C on the third reply of a run (the first episode has ended)."""
+    _REPLIES["n"] += 1
+    if _REPLIES["n"] == 3:
+        raise KeyboardInterrupt
+    return "look", None
+
+
+_REPLIES = {"n": 0}
+
+
+def test_ctrl_c_in_eval_keeps_the_finished_episodes_and_says_where(tmp_path, capsys):
+    from agentgym_opd.cli import main
+    from evaluation.records import validate_record
+
+    _REPLIES["n"] = 0
+    out = tmp_path / "rec.json"
+    code = main(["eval", "--policy", "tiny", "--env", "household/valid_unseen", "--episodes", "2", "--max-turns", "2",
+                 "--max-new-tokens", "8", "--num-envs", "1", "--device", "cpu", "--no-progress", "--out", str(out),
+                 "--action-parser", "test_cli:interrupt_on_third_reply"])
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.startswith("interrupted")]
+    assert line == (f"interrupted; seed 0 stopped after 1 episodes; its partial record (protocol.partial = true) "
+                    f"is kept at {out}, the episodes at {tmp_path / 'rec.episodes.jsonl'}")
+    record = validate_record(json.loads(out.read_text()))
+    assert record["n_episodes"] == 1 and record["protocol"]["partial"] is True
+    assert not list(tmp_path.glob("*.tmp"))  # written through a temporary file, which is gone
+
+
+def test_an_interrupted_training_names_the_checkpoint_to_resume_from(tmp_path):
+    from agentgym_opd.commands.train import kept_run_folder
+
+    assert "no checkpoint was saved yet" in kept_run_folder(tmp_path)
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest").write_text("step_20")
+    assert kept_run_folder(tmp_path) == (f"{tmp_path} keeps config.yaml, metrics.jsonl and checkpoints up to "
+                                         f"step_20; continue with the same command plus --resume {tmp_path}")
+
+
+def test_version_is_the_installed_package_version(tmp_path):
+    from importlib.metadata import version
+
+    out = cli("--version", cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.strip() == f"agentgym-opd {version('agentgym-opd')}"
+
+
+def test_play_refuses_an_action_number_out_of_range_and_asks_again(tmp_path):
+    from agentgym_opd import make
+
+    env = make("household/train")
+    _, info = env.reset(seed=1)
+    count = len(info["admissible_actions"])
+    out = cli("play", "household/train", "--seed", "1", stdin=f"{count}\n0\nquit\n", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert f"(no action number {count}: pick 0-{count - 1}, or type an action)" in out.stdout
+    assert "(error:" not in out.stdout  # the number was not sent to the env as an action
+    assert f"> {info['admissible_actions'][0]}" in out.stdout  # the prompt came back and took a valid number

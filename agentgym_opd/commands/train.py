@@ -3,7 +3,8 @@
 The named flags are shorthands for config keys; free-form ``section.key=value`` overrides come last and
 win. ``--env-arg key=value`` passes a constructor option to the env (e.g. ``num_tasks=2`` to train on a
 few tasks), which the run config has no section for yet; it is recorded in ``env_args.json`` beside the
-config. ``--resume DIR`` continues a run from its latest checkpoint (or a given ``step_<N>`` folder).
+config. ``--resume DIR`` continues a run from its latest checkpoint (or a given ``step_<N>`` folder); Ctrl-C
+says which checkpoint that is.
 """
 
 from __future__ import annotations
@@ -38,6 +39,24 @@ def _env_args(items: list[str]) -> dict:
     return parse_key_values(items, "--env-arg")
 
 
+def kept_after_interrupt(args: argparse.Namespace) -> str:
+    """Ctrl-C outside the training loop (loading models, making envs): the loop's own interrupt names the
+    checkpoints (`kept_run_folder`)."""
+    return "stopped outside the training loop (setup, or the summary after it); the run folder keeps what was written"
+
+
+def kept_run_folder(output_dir: Path) -> str:
+    """What an interrupted run leaves (the CLI prints it after "interrupted;"): checkpoints are written whole
+    or not at all (`Trainer.save_checkpoint`), so the latest one named is safe to resume from."""
+    latest = output_dir / "checkpoints" / "latest"
+    if not latest.is_file():
+        return (f"{output_dir} keeps config.yaml and metrics.jsonl; no checkpoint was saved yet "
+                "(train.checkpoint_every sets how often)")
+    name = latest.read_text(encoding="utf-8").strip()
+    return (f"{output_dir} keeps config.yaml, metrics.jsonl and checkpoints up to {name}; "
+            f"continue with the same command plus --resume {output_dir}")
+
+
 def run(args: argparse.Namespace) -> int:
     from agentgym_opd.config import ConfigError, run_config_from_cli
     from agentgym_opd.trainer import Trainer, algorithm_class
@@ -65,8 +84,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         last = trainer.train()
-    except BaseException:
+    except KeyboardInterrupt as stop:
         teardown(trainer.dist, barrier=False)  # the other ranks may never reach a barrier
+        raise KeyboardInterrupt(kept_run_folder(Path(config.output_dir))) from stop
+    except BaseException:
+        teardown(trainer.dist, barrier=False)
         raise
     distributed = trainer.dist.enabled
     teardown(trainer.dist)
