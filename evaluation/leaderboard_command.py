@@ -69,12 +69,22 @@ def run(args: argparse.Namespace) -> int:
             if stale:
                 print("run `agentgym-opd leaderboard build` and commit the result", file=sys.stderr)
             return 1 if stale else 0
-        for out in board.build():
-            print(f"wrote {out}")
+        _report_build(board.build(), board.root / "episodes")
     except RecordError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _report_build(written: list[Path], episode_dir: Path) -> None:
+    """One line per table or page, and one line for all episode pages (a board has one per kept episode,
+    hundreds of lines that hid the tables' own)."""
+    episode_pages = [p for p in written if p.parent == episode_dir]
+    for path in written:
+        if path.parent != episode_dir:
+            print(f"wrote {path}")
+    if episode_pages:
+        print(f"wrote {len(episode_pages)} episode page{'s' if len(episode_pages) > 1 else ''} under {episode_dir}")
 
 
 def _add(board: Leaderboard, paths: list[str]) -> list[Path]:

@@ -164,3 +164,22 @@ def test_play_refuses_an_action_number_out_of_range_and_asks_again(tmp_path):
     assert f"(no action number {count}: pick 0-{count - 1}, or type an action)" in out.stdout
     assert "(error:" not in out.stdout  # the number was not sent to the env as an action
     assert f"> {info['admissible_actions'][0]}" in out.stdout  # the prompt came back and took a valid number
+
+
+def test_leaderboard_build_reports_episode_pages_in_one_line(tmp_path, capsys):
+    import shutil
+    from pathlib import Path
+
+    from agentgym_opd.cli import main
+
+    published = sorted((Path(__file__).resolve().parents[1] / "leaderboard" / "records").glob("*.json"))
+    with_episodes = [p for p in published if json.loads(p.read_text()).get("episodes")][:3]
+    assert len(with_episodes) == 3
+    (tmp_path / "records").mkdir()
+    for path in with_episodes:
+        shutil.copy(path, tmp_path / "records" / path.name)
+    assert main(["leaderboard", "--root", str(tmp_path), "build"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"wrote 3 episode pages under {tmp_path / 'episodes'}" in lines
+    assert not [line for line in lines if line.endswith(".html") and "/episodes/" in line]
+    assert len(list((tmp_path / "episodes").glob("*.html"))) == 3
