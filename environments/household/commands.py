@@ -20,6 +20,16 @@ COMMAND_HELP = (
 )
 
 
+def as_sentence(text: str) -> str:
+    """``text`` capitalised and ending in exactly one full stop: a reason that already ends a sentence (the
+    unknown-verb one ends with COMMAND_HELP's own period) gets none added, which read "inventory.. The"."""
+    text = text.strip()
+    if not text:
+        return text
+    text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
 def normalise(text: str) -> str:
     text = _SPACES.sub(" ", text.strip().lower()).rstrip(".!")
     return text.strip().strip("'\"`").strip()

@@ -42,7 +42,7 @@ from typing import Any
 
 from agentgym_opd.core import StepOutcome, TextEnv, UnknownTaskError, fit_to_charset
 from agentgym_opd.types import StepError, Task
-from environments.household.commands import COMMAND_HELP, explain, resolve
+from environments.household.commands import COMMAND_HELP, as_sentence, explain, resolve
 from environments.household.expert import demonstration
 from environments.household.generator import (
     DEFAULT_NUM_TASKS, SPLITS, GoalDraw, build_world, is_unseen_combination, task_indices,
@@ -170,8 +170,7 @@ class HouseholdEnv(TextEnv):
             cmd = resolve(world, action)
             if cmd is None:
                 reason = explain(world, action)
-                message = (f"{reason[0].upper()}{reason[1:]}. The admissible_actions list the valid commands "
-                           "in this state.")
+                message = f"{as_sentence(reason)} The admissible_actions list the valid commands in this state."
                 observation = fit_to_charset(f"Nothing happens. {message}")  # the message quotes the agent
                 return StepOutcome(self._with_status(observation), error=StepError("invalid_action", message))
         observation = self._with_admissible(self._with_status(world.execute(cmd)))
