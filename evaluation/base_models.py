@@ -123,15 +123,44 @@ def base_env_args(spec: BaseModelSpec) -> dict[str, Any]:
     return args
 
 
+# The default pair ships with the repository (a few MB), so a fresh clone's first bench starts at once; a pair
+# of other settings (``--base-steps``, a changed recipe) is built into the cache. `agentgym-opd base-pair
+# build` rebuilds the default pair from its recipe and `base-pair check` compares the rebuild with these files.
+SHIPPED_PAIR_DIR = Path(__file__).resolve().parent / "base_pair"
+
+# Measured build speed on the 2-core build machine (one torch thread, idle): seconds per training step by the
+# model's width, plus the data: playing the train split's episodes through the rollout engine first.
+BUILD_SECONDS_PER_STEP = {64: 0.3, 128: 0.95}
+BUILD_DATA_SECONDS = 45.0
+
+
 def base_model_dir(spec: BaseModelSpec) -> Path:
+    """Where a build of ``spec`` goes (and is looked for): the cache, never the shipped folder."""
     from agentgym_opd.policy.tiny import cache_dir
 
     return cache_dir() / "bench-base" / f"{spec.name}-{spec.key()}"
 
 
-def cached_base_model(spec: BaseModelSpec) -> Path | None:
+def shipped_model_dir(spec: BaseModelSpec) -> Path:
+    return SHIPPED_PAIR_DIR / f"{spec.name}-{spec.key()}" / "model"
+
+
+def _is_model(model: Path) -> bool:
+    return (model / "config.json").is_file() and (model / "tokenizer.json").is_file()
+
+
+def cached_base_model(spec: BaseModelSpec, *, shipped: bool = True) -> Path | None:
+    """The spec's model folder if it exists: the shipped one first (``shipped=True``), else a cached build."""
+    if shipped and _is_model(shipped_model_dir(spec)):
+        return shipped_model_dir(spec)
     model = base_model_dir(spec) / "model"
-    return model if (model / "config.json").is_file() and (model / "tokenizer.json").is_file() else None
+    return model if _is_model(model) else None
+
+
+def estimated_build_seconds(spec: BaseModelSpec) -> float:
+    """A forecast of one build on the 2-core machine (one core), from its width and steps."""
+    per_step = BUILD_SECONDS_PER_STEP.get(spec.hidden, BUILD_SECONDS_PER_STEP[64] * (spec.hidden / 64) ** 1.7)
+    return BUILD_DATA_SECONDS + spec.steps * per_step
 
 
 def base_label(spec: Any) -> str:
@@ -152,17 +181,22 @@ def name_model_folder(model: Path, spec: BaseModelSpec) -> Path:
     return model
 
 
-def ensure_base_model(spec: BaseModelSpec, *, progress: bool = True, log: Callable[[str], None] = print) -> Path:
-    """The spec's model folder, building it first if it is not cached (prints the one-time build time)."""
-    cached = cached_base_model(spec)
+def ensure_base_model(spec: BaseModelSpec, *, progress: bool = True, log: Callable[[str], None] = print,
+                      shipped: bool = True, progress_file: Path | None = None) -> Path:
+    """The spec's model folder: the shipped one, a cached build, or a new build into the cache (prints the
+    one-time build time). ``shipped=False`` ignores the shipped pair (``base-pair build`` rebuilds it);
+    ``progress_file`` receives the steps done, for a parent process that shows the progress of a worker's build."""
+    cached = cached_base_model(spec, shipped=shipped)
     if cached is not None:
-        return name_model_folder(cached, spec)  # folders built before the name file get it here
+        return cached if cached == shipped_model_dir(spec) else name_model_folder(cached, spec)
     final = base_model_dir(spec)
     tmp = final.with_name(final.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     started = time.perf_counter()
-    log(f"building base model {spec.name} ({spec.hidden}x{spec.layers}, {spec.steps} steps; once, cached in {final})")
-    name_model_folder(build_base_model(spec, tmp / "model", progress=progress), spec)
+    log(f"building base model {spec.name} ({spec.hidden}x{spec.layers}, {spec.steps} steps, "
+        f"~{estimated_build_seconds(spec) / 60:.0f} min): these settings are not the shipped pair's, so it is "
+        f"trained once from its recipe and cached in {final}")
+    name_model_folder(build_base_model(spec, tmp / "model", progress=progress, progress_file=progress_file), spec)
     (tmp / "spec.json").write_text(json.dumps(dataclasses.asdict(spec), indent=2) + "\n", encoding="utf-8")
     wall = time.perf_counter() - started
     (tmp / "build_time_s.txt").write_text(f"{wall:.1f}\n", encoding="utf-8")
@@ -174,7 +208,7 @@ def ensure_base_model(spec: BaseModelSpec, *, progress: bool = True, log: Callab
     return final / "model"
 
 
-def build_base_model(spec: BaseModelSpec, out: Path, *, progress: bool = True) -> Path:
+def build_base_model(spec: BaseModelSpec, out: Path, *, progress: bool = True, progress_file: Path | None = None) -> Path:
     """Initialise (seeded) and train one base model into ``out`` (a plain HF folder)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -188,7 +222,7 @@ def build_base_model(spec: BaseModelSpec, out: Path, *, progress: bool = True) -
     model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
     policy = HFPolicy(model, tokenizer)
     examples = training_examples(policy, spec, progress=progress)
-    train_on_examples(model, examples, spec, progress=progress)
+    train_on_examples(model, examples, spec, progress=progress, progress_file=progress_file)
     model.eval()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -493,8 +527,9 @@ def accumulate_batch_gradient(model: Any, rows: list[tuple[list[int], list[int]]
 
 
 def train_on_examples(model: Any, examples: list[tuple[list[int], list[int]]], spec: BaseModelSpec, *,
-                      progress: bool = True) -> list[float]:
-    """AdamW on seeded mini-batches; returns the loss of every step."""
+                      progress: bool = True, progress_file: Path | None = None) -> list[float]:
+    """AdamW on seeded mini-batches; returns the loss of every step. ``progress_file`` gets the number of
+    steps done every 10 steps (overwritten; a reader in another process turns it into a bar with an ETA)."""
     import torch
     from tqdm import tqdm
 
@@ -519,5 +554,23 @@ def train_on_examples(model: Any, examples: list[tuple[list[int], list[int]]], s
         optimiser.step()
         losses.append(step_loss)
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if progress_file is not None and ((step + 1) % 10 == 0 or step + 1 == spec.steps):
+            progress_file.write_text(f"{step + 1}\n", encoding="utf-8")
     model.eval()
     return losses
+
+
+def household_student() -> Path:
+    """`household-student`: the bench's default base student (entry point of `agentgym_opd.models`)."""
+    return ensure_base_model(STUDENT_SPEC, log=_log_stderr)
+
+
+def household_teacher() -> Path:
+    """`household-teacher`: the bench's default base teacher (entry point of `agentgym_opd.models`)."""
+    return ensure_base_model(TEACHER_SPEC, log=_log_stderr)
+
+
+def _log_stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr, flush=True)

@@ -217,6 +217,18 @@ def scaled_steps(spec: Any, scale: float) -> Any:
                                schedule_steps=scaled(spec.schedule_steps) if spec.schedule_steps else None)
 
 
+def base_build_estimate(settings: BenchSettings, *, teacher: bool, workers: int) -> float:
+    """Seconds the base pair's build will take before the bench proper: 0 when both models are shipped or
+    cached; the two builds run side by side with 2+ workers."""
+    if not uses_base_models(settings):
+        return 0.0
+    from evaluation.base_models import cached_base_model, estimated_build_seconds
+
+    specs = settings.base_specs()[: 2 if teacher else 1]
+    builds = [estimated_build_seconds(spec) for spec in specs if cached_base_model(spec) is None]
+    return (max(builds) if workers > 1 else sum(builds)) if builds else 0.0
+
+
 def uses_base_models(settings: BenchSettings) -> bool:
     """Whether the bench starts from the household base pair (see BenchSettings.base_models)."""
     if settings.base_models not in ("auto", "off"):
@@ -441,7 +453,8 @@ def run_job(job: SFTJob | ReferenceJob | RunJob, context: JobContext) -> JobOutc
     elif isinstance(job, BaseModelJob):
         from evaluation.base_models import ensure_base_model
 
-        outcome.model_path = str(ensure_base_model(job.spec, progress=settings.progress, log=outcome.messages.append))
+        outcome.model_path = str(ensure_base_model(job.spec, progress=settings.progress, log=outcome.messages.append,
+                                                   progress_file=_build_progress_file(job, out)))
     elif isinstance(job, ReferenceJob):
         policy = load_frozen_policy(job.path, settings)
         for env_id in context.env_ids:
@@ -541,8 +554,32 @@ def _job_label(job: Any) -> str:
     return f"{job.name} seed {job.seed}" if isinstance(job, RunJob) else job.name
 
 
+def _build_progress_file(job: Any, out: Path) -> Path:
+    """Where a base model's build in a worker writes its steps done (read by :func:`_steps_done`)."""
+    path = out / "base_builds" / f"{job.name}.progress"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _job_units(job: Any, settings: BenchSettings) -> int:
+    """A job's share of the progress bar: its training steps (a base model's build steps when it must be built)."""
+    if isinstance(job, RunJob):
+        return settings.steps
+    if isinstance(job, BaseModelJob):
+        from evaluation.base_models import cached_base_model
+
+        return 1 if cached_base_model(job.spec) is not None else job.spec.steps
+    return 1
+
+
 def _steps_done(job: Any, out: Path) -> int:
-    """Progress of a running job as seen from outside: the lines its trainer has logged so far."""
+    """Progress of a running job as seen from outside: the lines its trainer has logged so far, or the steps a
+    base model's build has written to its progress file."""
+    if isinstance(job, BaseModelJob):
+        try:
+            return int((out / "base_builds" / f"{job.name}.progress").read_text(encoding="utf-8").strip() or 0)
+        except (OSError, ValueError):
+            return 0
     if not isinstance(job, RunJob):
         return 0
     path = out / "runs" / job.name / f"seed{job.seed}" / "metrics.jsonl"
@@ -565,7 +602,7 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
     if not jobs:
         return []
     settings = context.settings
-    units = {i: settings.steps if isinstance(job, RunJob) else 1 for i, job in enumerate(jobs)}
+    units = {i: _job_units(job, settings) for i, job in enumerate(jobs)}
     bar = tqdm(total=sum(units.values()), desc="bench", unit="step", disable=not settings.progress, leave=True)
     outcomes: dict[int, JobOutcome] = {}
     times: list[float] = []
@@ -612,7 +649,9 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
                     running = [futures[f] for f in pending]
                     bar.n = (sum(units[i] for i in outcomes)
                              + sum(min(_steps_done(jobs[i], out), units[i]) for i in running))
-                    bar.set_description(f"bench {len(outcomes)}/{len(jobs)} jobs")
+                    names = ", ".join(_job_label(jobs[i]) for i in sorted(running)[:3]) + (", ..." if len(running) > 3 else "")
+                    bar.set_description(f"bench {len(outcomes)}/{len(jobs)} jobs (running: {names})" if running
+                                        else f"bench {len(outcomes)}/{len(jobs)} jobs")
                     bar.refresh()
     return [outcomes[i] for i in range(len(jobs))]
 
@@ -976,9 +1015,12 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
     workers = settings.jobs or default_workers(settings)
     estimate = estimate_seconds(settings, list(flags), len(env_ids), warm=not settings.skip_warm_start,
                                 teacher=train_teacher, workers=workers)
+    build = base_build_estimate(settings, teacher=train_teacher, workers=workers)
     log(f"bench: {len(flags)} algorithm(s) {list(flags)} x seeds {settings.seeds}, budget {settings.budget} rollout "
         f"episodes each ({settings.steps} steps x {settings.episodes_per_step}); eval on {env_ids}; "
-        f"estimated wall time ~{estimate / 60:.1f} min with {workers} worker process(es)")
+        f"estimated wall time ~{(estimate + build) / 60:.1f} min with {workers} worker process(es)"
+        + (f", of which ~{build / 60:.0f} min the one-time build of a base pair with these settings (the default "
+           "pair ships with the repository)" if build else ""))
 
     # 1. warm start and teacher: the cached base pair (built once, timed apart from the bench), or two
     #    independent SFT runs of the base student (side by side with 2+ workers)
@@ -1008,7 +1050,9 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
     if "warm_start" in trained:
         student_path, student_label = trained["warm_start"], (
             base_label(student_spec) if base else f"{base_name}+sft{settings.warm_steps}")
-    teacher_path, teacher_label = settings.teacher, settings.teacher
+    from agentgym_opd.policy.loading import model_name
+
+    teacher_path, teacher_label = settings.teacher, model_name(settings.teacher)  # a short name's record label
     if "teacher" in trained:
         teacher_path, teacher_label = trained["teacher"], (
             base_label(teacher_spec) if base else f"{base_name}+sft{settings.teacher_steps}")

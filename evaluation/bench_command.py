@@ -37,8 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warm-steps", type=int, default=None, help="SFT steps of the warm start")
     parser.add_argument("--teacher-steps", type=int, default=None, help="SFT steps of the trained teacher")
     parser.add_argument("--output-dir", default=None, help="where runs, records and the leaderboard go (runs/bench)")
-    parser.add_argument("--student", default=None, help="base student model path ('tiny' = the offline tiny model)")
-    parser.add_argument("--teacher", default=None, help="teacher model path (default: train one by SFT)")
+    parser.add_argument("--student", default=None, help="base student: a model path, 'tiny' (the offline tiny model; on household the base pair's "
+                             "student, as 'household-student' is) or another short name")
+    parser.add_argument("--teacher", default=None, help="teacher: a model path or a short name such as 'household-teacher' (default: the base pair's "
+                             "teacher on household, else one trained by SFT)")
     parser.add_argument("--env", default=None, help="training env id (default household/train)")
     parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="training env constructor option (JSON value), e.g. num_tasks=8")
@@ -56,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the warm start, warm start + context and teacher rows (sweeps, reruns of one run)")
     parser.add_argument("--base-models", choices=("auto", "off"), default=None,
                         help="auto (default): on household with the tiny student, start from the cached household "
-                             "base pair (student, larger teacher; built once, ~25 min on 2 cores); off: the older "
+                             "base pair (student, larger teacher; shipped with the repository, `agentgym-opd base-pair` rebuilds and checks it); off: the older "
                              "SFT warm start and teacher trained by the bench (memorises 8 training tasks)")
     parser.add_argument("--base-steps", type=int, default=None, metavar="N",
                         help="training steps of the base student; its schedule and the teacher's steps scale with it "
@@ -119,6 +121,10 @@ def settings_from_args(args: argparse.Namespace):
     changes.update(algo_overrides=per_algo, overrides=list(args.overrides or []), skip_warm_start=args.skip_warm_start,
                    references=not args.no_references,
                    publish=args.publish, progress=not args.no_progress)
+    if changes.get("student") == "household-student":  # the default pair's student, by its short name
+        if changes.get("base_models") == "off":
+            raise ValueError("--student household-student is the base pair's student; it cannot go with --base-models off")
+        changes["student"] = "tiny"  # the base-pair path starts from it (evaluation.bench.uses_base_models)
     settings = BenchSettings.quick(**changes) if args.quick else BenchSettings.full(**changes)
     if args.budget is not None:
         if args.steps is not None:

