@@ -182,7 +182,7 @@ def test_host_files_the_task_does_not_need_are_not_visible(tmp_path):
 # ----------------------------------------------------------------------------------- processes
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_a_fork_bomb_is_capped_by_the_process_limit_as_root():
     program = ("import os, time\nn = 0\ntry:\n    for i in range(200):\n        if os.fork() == 0:\n"
                "            time.sleep(3)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n"
@@ -191,12 +191,12 @@ def test_a_fork_bomb_is_capped_by_the_process_limit_as_root():
     result = sandboxed(program, timeout_s=10, max_procs=16)
     forked = int(result.stdout.split("forked")[-1])
     assert forked < 16 and "refused" in result.stdout, result.stdout
-    assert time.monotonic() - start < 12
+    assert time.monotonic() - start < 10 + 60  # ends by its timeout at the latest; generous for a loaded machine
 
 
 def test_an_infinite_loop_is_stopped_by_the_wall_clock():
     result = sandboxed("while True:\n    pass\n", timeout_s=1.5)
-    assert result.status == "timeout" and result.duration_s < 6
+    assert result.status == "timeout" and result.duration_s < 1.5 + 30  # generous: a loaded machine is slow to kill
 
 
 def test_a_memory_bomb_is_stopped():
@@ -204,13 +204,14 @@ def test_a_memory_bomb_is_stopped():
     assert result.status == "memory"
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_setsid_grandchild_holding_stdout_does_not_stretch_the_timeout():
-    program = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(20)\n"
+    # the grandchild would hold stdout open for 300 s; the run must end at its 5 s timeout instead
+    program = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(300)\n"
                "        os._exit(0)\n    os._exit(0)\nprint('parent done')\n")
     start = time.monotonic()
     sandboxed(program, timeout_s=5)
-    assert time.monotonic() - start < 8
+    assert time.monotonic() - start < 5 + 60  # far below the grandchild's 300 s, generous for a loaded machine
 
 
 @pytest.mark.timeout(60)
@@ -220,9 +221,10 @@ def test_detached_daemons_do_not_outlive_the_run():
                f"        os.execv('/bin/sleep', ['sleep', {marker!r}])\n    os._exit(0)\nos.wait()\nprint('daemon started')\n")
     try:
         sandboxed(program, timeout_s=5)
-        time.sleep(0.5)
-        left = processes_with(marker)
-        assert left == []
+        deadline = time.monotonic() + 30  # the kernel reaps the killed namespace asynchronously: wait, generously
+        while processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert processes_with(marker) == []
     finally:
         kill_all(processes_with(marker))
 
@@ -284,7 +286,7 @@ def test_without_bubblewrap_the_sandbox_refuses_and_says_how_to_install(monkeypa
 
     monkeypatch.setenv("PATH", str(tmp_path))
     sandbox._bwrap.cache_clear()
-    sandbox._probe.cache_clear()
+    sandbox.memory_bound.cache_clear()
     try:
         with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install -y bubblewrap"):
             sandbox.run_program("print(1)")
@@ -293,7 +295,7 @@ def test_without_bubblewrap_the_sandbox_refuses_and_says_how_to_install(monkeypa
     finally:
         monkeypatch.undo()
         sandbox._bwrap.cache_clear()
-        sandbox._probe.cache_clear()
+        sandbox.memory_bound.cache_clear()
 
 
 # ----------------------------------------------------------------------------------- forged verdicts
