@@ -6,6 +6,7 @@ scratch tmpfs step. The attacks themselves are in test_sandbox_memory.py."""
 from __future__ import annotations
 
 import errno
+import os
 import re
 import struct
 from pathlib import Path
@@ -187,3 +188,12 @@ def test_the_scratch_tmpfs_is_bounded_in_bytes_and_files_and_shared_by_tmp_and_d
     assert rows["/tmp"][:2] == ["32", str(sandbox.TMPFS_INODES)], result.stdout
     assert rows["/dev/shm"] == rows["/tmp"], result.stdout  # one tmpfs: one budget
     assert rows["dev"] == [str(errno.EROFS)], result.stdout  # /dev itself is read-only
+
+
+def test_a_removed_scratch_folder_is_made_again():
+    # a /tmp cleaner may remove the empty folder the scratch tmpfs is mounted over: the next run must not
+    # fail for it (a host problem would otherwise read as the candidate's failure)
+    assert run_program("print(1)").passed
+    os.rmdir(sandbox._scratch_mountpoint())
+    result = run_program("print(1)")
+    assert result.passed, result

@@ -192,13 +192,19 @@ def _probe(cgroup_parent: Path | None) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=1)
+_scratch_folder: list[str] = []
+
+
 def _scratch_mountpoint() -> str:
     """An empty host folder that each run's scratch tmpfs is mounted over, in the run's own mount
-    namespace (the host's view of it stays empty); one per process, removed at exit."""
+    namespace (the host's view of it stays empty); one per process, removed at exit, made again if
+    something (a /tmp cleaner) removed it, so a run never fails for want of it."""
+    if _scratch_folder and os.path.isdir(_scratch_folder[0]):
+        return _scratch_folder[0]
     folder = tempfile.mkdtemp(prefix="agentgym-sandbox-scratch-")
     os.chmod(folder, 0o755)  # reachable by SANDBOX_UID when the host is root
     atexit.register(_remove_folder, folder)
+    _scratch_folder[:] = [folder]
     return folder
 
 
