@@ -197,3 +197,46 @@ def test_a_removed_scratch_folder_is_made_again():
     os.rmdir(sandbox._scratch_mountpoint())
     result = run_program("print(1)")
     assert result.passed, result
+
+
+class FakeRunCgroup:
+    """Stands in for a run's cgroup on hosts without one: records what the sandbox asks of it; `join`
+    writes to a plain file as it would to cgroup.procs, and the kernel's record is whatever the test says."""
+
+    made: list = []
+    record: dict = {}
+
+    def __init__(self, parent, memory_bytes, max_tasks):
+        self.parent, self.memory_bytes, self.max_tasks, self.closed = parent, memory_bytes, max_tasks, False
+        self.procs = parent / f"procs-{len(FakeRunCgroup.made)}"
+        self.procs_fd = os.open(self.procs, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC)
+        FakeRunCgroup.made.append(self)
+
+    def join(self):
+        os.write(self.procs_fd, b"0")
+
+    def outcome(self):
+        return dict(FakeRunCgroup.record)
+
+    def close(self):
+        os.close(self.procs_fd)
+        self.closed = True
+
+
+def test_in_cgroup_mode_each_run_joins_its_cgroup_and_an_oom_kill_is_a_memory_verdict(monkeypatch, tmp_path):
+    monkeypatch.setattr(sandbox.cgroup, "RunCgroup", FakeRunCgroup)
+    monkeypatch.setattr(sandbox, "memory_bound", lambda: sandbox.MemoryBound("cgroup", "fake", tmp_path))
+    FakeRunCgroup.made, FakeRunCgroup.record = [], {"oom_kills": 0, "memory_peak_mb": 31.5}
+    result = run_program("print('hi')", memory_mb=300, tmpfs_mb=32, max_procs=6)
+    run = FakeRunCgroup.made[-1]
+    assert result.passed and result.details["memory_bound"] == "cgroup" and result.details["memory_peak_mb"] == 31.5
+    assert run.memory_bytes == (300 + 32 + sandbox.RUN_OVERHEAD_MB) << 20 and run.max_tasks == 7 and run.closed
+    assert run.procs.read_bytes() == b"0"  # the run's first process moved itself in, before bubblewrap started
+    # the kernel stopped the run at memory.max: whatever the program printed or returned, the verdict is "memory"
+    FakeRunCgroup.record = {"oom_kills": 1, "memory_peak_mb": 364.0}
+    result = run_program("print('hi')", memory_mb=300, tmpfs_mb=32)
+    assert result.status == "memory" and "memory limit (588 MB for the whole run" in result.stderr, result
+    spec = {"kind": "mbpp", "tests": ["assert add_one(1) == 2"], "setup": "", "reference_names": ["add_one"]}
+    result = sandbox.run_checked(spec, "def add_one(x):\n    return x + 1\n", memory_mb=300, tmpfs_mb=32)
+    assert result.status == "memory" and "memory limit" in result.stderr and result.details["memory_peak_mb"] == 364.0
+    assert FakeRunCgroup.made[-1].memory_bytes == (300 + 32 + sandbox.RUN_OVERHEAD_MB) << 20  # not the checker's 2x
