@@ -21,7 +21,9 @@ batch-level normaliser of their aggregation (summed over ranks), so summing ``co
 split of the rows into micro-batches and ranks gives exactly the batch-level loss and gradient. Then
 backward (``world_size`` times the loss: data-parallel averaging divides by it again), gradient sync of
 trainable parameters outside the wrapped student (LOPD's composer), one clip over every optimiser group,
-the optimiser step and ``after_update``.
+the optimiser step and ``after_update``. A step whose weights carry no learning signal on any rank (every
+row masked, every turn Skip, every advantage 0: :meth:`LossTerm.signal`) is skipped whole, the same way on
+every rank and for any micro-batch size, and reported as ``update/skipped``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from typing import Any, Sequence
 import torch
 
 from agentgym_opd.rollout import RolloutBatch, RolloutEngine
+
+
+SKIPPED = "update/skipped"  # 1: this update took no optimiser step (no learning signal anywhere)
+SKIPPED_STEPS = "update/skipped_steps"  # planned steps skipped for lack of signal
 
 
 @dataclass
@@ -67,6 +73,18 @@ class LossTerm:
     weights: torch.Tensor
     aggregation: str = "token_mean"
     scale: float = 1.0
+    row_factor: torch.Tensor | None = None
+
+    def signal(self) -> float:
+        """How much this term can teach: ``sum |w|`` over its tokens, each row's share times ``|row_factor|``.
+
+        ``row_factor [B]`` is a per-row multiplier the method applies to this term's per-token loss in
+        ``compute_loss`` (GRPO's advantage): a row whose factor is 0 has a loss of 0 and no gradient. It
+        never enters the coefficients; it only lets the base class see that such a batch teaches nothing."""
+        w = self.weights.float().abs()
+        if self.row_factor is not None:
+            w = w * self.row_factor.float().abs().to(w.device)[:, None]
+        return float(w.sum()) * abs(self.scale)
 
 
 def micro_batch(model: Any, batch: RolloutBatch,
@@ -136,20 +154,22 @@ def weighted_sum(per_token: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
     return torch.where(coef != 0, per_token * coef, torch.zeros((), dtype=per_token.dtype, device=per_token.device)).sum()
 
 
-def term_normalisers(terms: dict[str, LossTerm], ctx: Any) -> dict[str, float]:
-    """Each term's batch-level normaliser, summed over ranks: ``sum w``, rows with weight, or ``B * T``."""
+def term_statistics(terms: dict[str, LossTerm], ctx: Any) -> tuple[dict[str, float], float]:
+    """Each term's batch-level normaliser (``sum w``, rows with weight, or ``B * T``) and the batch's total
+    learning signal (the terms' :meth:`LossTerm.signal`), both summed over ranks in ONE collective, so every
+    rank reaches the same normalisers and the same skip decision."""
     from agentgym_opd import distributed as D
 
     local, widths = [], []
     for term in terms.values():
         w = term.weights.float()
-        local += [float(w.sum()), float((w.sum(dim=1) > 0).sum()), float(w.shape[0])]
+        local += [float(w.sum()), float((w.sum(dim=1) > 0).sum()), float(w.shape[0]), term.signal()]
         widths.append(float(w.shape[1]))
     summed = D.all_reduce_sum_list(local, ctx)
     widths = D.all_reduce_max_list(widths, ctx)
     out = {}
     for k, (name, term) in enumerate(terms.items()):
-        total, rows, batch = summed[3 * k: 3 * k + 3]
+        total, rows, batch, _ = summed[4 * k: 4 * k + 4]
         if term.aggregation == "token_mean":
             out[name] = total
         elif term.aggregation == "seq_mean_token_mean":
@@ -158,7 +178,12 @@ def term_normalisers(terms: dict[str, LossTerm], ctx: Any) -> dict[str, float]:
             out[name] = batch * widths[k]
         else:
             raise ValueError(f"loss term {name!r}: unknown aggregation {term.aggregation!r}")
-    return out
+    return out, sum(summed[4 * k + 3] for k in range(len(terms)))
+
+
+def term_normalisers(terms: dict[str, LossTerm], ctx: Any) -> dict[str, float]:
+    """Each term's batch-level normaliser, summed over ranks (see :func:`term_statistics`)."""
+    return term_statistics(terms, ctx)[0]
 
 
 def term_coefficients(term: LossTerm, normaliser: float) -> torch.Tensor:
@@ -260,9 +285,13 @@ class Algorithm:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     def coefficients(self, batch: RolloutBatch, state: BatchState, step: Step) -> dict[str, torch.Tensor]:
+        return self.weigh(batch, state, step)[0]
+
+    def weigh(self, batch: RolloutBatch, state: BatchState, step: Step) -> tuple[dict[str, torch.Tensor], bool]:
+        """The terms' coefficients, and whether the batch (over every rank) can teach anything at all."""
         terms = self.token_weights(batch, state, step)
-        norms = term_normalisers(terms, self.dist)
-        return {name: term_coefficients(term, norms[name]) for name, term in terms.items()}
+        norms, signal = term_statistics(terms, self.dist)
+        return {name: term_coefficients(term, norms[name]) for name, term in terms.items()}, signal > 0
 
     def loss(self, batch: RolloutBatch, state: BatchState | None = None, step: Step | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """The batch-level loss and metrics in one pass, without an optimiser step (for inspection)."""
@@ -280,19 +309,34 @@ class Algorithm:
             raise ValueError("update: empty batch")
         state = self.prepare(batch)
         metrics: dict[str, float] = D.all_reduce_mean(state.metrics, self.dist) if state.metrics else {}
+        taken = skipped = 0
         for step in self.steps(state):
             self.begin_step(batch, state, step)
             step_metrics = self.optimizer_step(batch, state, step)
-            self.after_update(step_metrics, step)
+            if step_metrics.get(SKIPPED):
+                skipped += 1
+            else:
+                taken += 1
+                self.after_update(step_metrics, step)
             metrics.update(step_metrics)
+        metrics[SKIPPED] = 0.0 if taken else 1.0  # the trainer ticks its scheduler only after a step
+        metrics.setdefault("loss", 0.0)  # an empty plan (VPD with nothing to learn) has no step metrics
+        metrics[SKIPPED_STEPS] = float(skipped)
         return metrics
 
     def optimizer_step(self, batch: RolloutBatch, state: BatchState, step: Step) -> dict[str, float]:
-        """One step: coefficients once, micro-batched backward, sync, clip every group, optimiser step."""
+        """One step: coefficients once, micro-batched backward, sync, clip every group, optimiser step.
+
+        A batch with no learning signal on any rank (every row masked, every turn Skip, every advantage 0)
+        takes NO step: its loss and gradients are 0, but AdamW's momentum and weight decay would still move
+        the weights. No forward runs, no optimiser state changes and ``after_update`` is not called (an EMA
+        teacher, a dual variable stay put); the metrics say ``update/skipped``."""
         from agentgym_opd import distributed as D
 
         ctx = self.dist
-        coef = self.coefficients(batch, state, step)
+        coef, signal = self.weigh(batch, state, step)
+        if not signal:
+            return {"loss": 0.0, SKIPPED: 1.0}
         total = len(batch)
         chunks = [slice(s, min(s + self.micro_batch_size, total)) for s in range(0, total, self.micro_batch_size)]
         model = self.model

@@ -37,7 +37,7 @@ import torch
 from tqdm import tqdm
 
 from agentgym_opd.action_parsing import ONE_ACTION_PROMPT
-from agentgym_opd.algorithm import Algorithm
+from agentgym_opd.algorithm import SKIPPED, Algorithm
 from agentgym_opd.config import RunConfig, save_config
 from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.policy.loading import load_student, model_path, resolve_device  # noqa: F401 (re-exported)
@@ -45,6 +45,7 @@ from agentgym_opd.profiling import PhaseMeter, metering
 from agentgym_opd import distributed as D
 from agentgym_opd.registry import algorithm_registry, load_entry_point, make
 from agentgym_opd.rollout import RolloutBatch, RolloutEngine
+from agentgym_opd.teachers import load_teachers
 
 DEFAULT_SYSTEM_PROMPT = ONE_ACTION_PROMPT  # the prompt of checkpoints saved before prompts were config keys
 TINY_STUDENT = "tiny"  # `--student tiny`: the offline tiny model (built once into the cache)
@@ -162,7 +163,7 @@ class Trainer:
         self.eval_env_overrides = {"max_turns": config.rollout.max_turns, **(eval_env_overrides or config.env_args)}
         torch.manual_seed(config.seed)
         self.student = load_student(config.model.student, config.model, trainable=True)
-        self.teacher = load_teacher(config, algo_config)
+        self.teacher = load_teachers(config, self.algo_cls, algo_config, load_teacher)  # one, or a TeacherSet
         t = config.train
         params = [p for p in self.student.model.parameters() if p.requires_grad]
         if t.optimizer == "adamw":
@@ -238,7 +239,8 @@ class Trainer:
             started = time.perf_counter()
             with meter.phase("update"):  # teacher scoring inside it is metered as its own phase
                 metrics = self.algorithm.update(batch)  # exact global-batch step across ranks (Algorithm.update)
-                self.scheduler.step()
+                if not metrics.get(SKIPPED):  # no optimiser step (no learning signal): no scheduler tick either
+                    self.scheduler.step()
                 self._sync_rollout_copy()
             update_s = time.perf_counter() - started
         self.step += 1

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from agentgym_opd.algorithm import Algorithm, BatchState, Step, sequence_logprobs, weighted_sum
+from agentgym_opd.algorithm import Algorithm, BatchState, LossTerm, Step, sequence_logprobs, weighted_sum
 from agentgym_opd.config import constrained
 from agentgym_opd.losses import clipped_policy_gradient_per_token, group_advantages, k3_kl
 from agentgym_opd.rollout import RolloutBatch
@@ -79,6 +79,14 @@ class GRPO(Algorithm):
         return GRPOState(metrics={"advantage_abs_mean": float(advantages.abs().mean()),
                                   "zero_advantage_fraction": float((advantages.abs() < 1e-8).float().mean())},
                          advantages=advantages)
+
+    def token_weights(self, batch: RolloutBatch, state: GRPOState, step: Step) -> dict[str, LossTerm]:
+        """Every agent token (the aggregation's normaliser counts them all); without the KL term a row of
+        advantage 0 has a loss of 0, so a batch whose advantages are all 0 teaches nothing (no step)."""
+        terms = super().token_weights(batch, state, step)
+        if self.config.kl_coef == 0:
+            terms["loss"].row_factor = state.advantages
+        return terms
 
     def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: GRPOState,
                      step: Step) -> tuple[torch.Tensor, dict[str, float]]:

@@ -87,7 +87,7 @@ class SDPO(DistillationAlgorithm):
     def token_weights(self, batch: RolloutBatch, state: SDPOState, step: Step) -> dict[str, LossTerm]:
         terms = super().token_weights(batch, state, step)
         if self.config.distill_weight < 1:  # the policy-gradient term learns from every agent token
-            terms["pg"] = LossTerm(agent_mask(batch), self.config.aggregation)
+            terms["pg"] = LossTerm(agent_mask(batch), self.config.aggregation, row_factor=state.advantages)
         return terms
 
     def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: SDPOState,
