@@ -374,6 +374,18 @@ def test_forked_children_each_holding_memory_stay_under_the_run_bound():
     assert peak["total_mb"] <= _rlimit_bound_mb(max_procs - 1, memory_mb), report
 
 
+@pytest.mark.timeout(120)
+def test_no_process_of_the_run_can_be_made_to_hold_memory_for_another():
+    # before, the candidate could ptrace-attach to bubblewrap's init (same uid, dumpable) and make it map
+    # memory inside the init's address space limit, which is the checker's (twice the candidate's)
+    program = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+               "print('attach', libc.ptrace(16, 1, 0, 0), ctypes.get_errno())\n"  # PTRACE_ATTACH to the init
+               "print('pidfd_getfd', libc.syscall(438, os.pidfd_open(1), 0, 0), ctypes.get_errno())\n")
+    result = run_program(program, timeout_s=30)
+    assert result.status == "passed", result
+    assert "attach -1 1" in result.stdout and "pidfd_getfd -1 1" in result.stdout, result.stdout
+
+
 # ------------------------------------------------------------------------------------ verdicts, not exceptions
 
 SPEC = {"kind": "mbpp", "tests": ["assert add_one(1) == 2"], "setup": "", "reference_names": ["add_one"]}

@@ -5,9 +5,11 @@ hold memory that no rlimit counts and that outlives every mapping: a memfd's pag
 memfd, not how many a process keeps), SysV shared memory, message queues and semaphore sets (they live in
 the IPC namespace, not in any process), socket buffers (a listener's queue of never-accepted connections
 holds data with no descriptor in the sandbox), io_uring rings, BPF maps, perf buffers, inotify watches,
-and pipes grown with F_SETPIPE_SZ. The candidate needs none of them, so the calls that create them fail
-with EPERM; what is left (anonymous memory, files in the sized tmpfs, 64 KB pipes) is bounded by rlimits
-and the tmpfs. Where a cgroup bounds the run the filter stays: a program behaves the same on every host.
+and pipes grown with F_SETPIPE_SZ. Nor may one process of the run make another one hold memory for it:
+ptrace, process_vm_readv/writev and pidfd_getfd are refused too (measured: the candidate could attach to
+bubblewrap's init, whose address space limit is the checker's). The candidate needs none of these, so they
+fail with EPERM; what is left (anonymous memory, files in the sized tmpfs, 64 KB pipes) is bounded by
+rlimits and the tmpfs. Where a cgroup bounds the run the filter stays: a program behaves the same on every host.
 
 The program is classic BPF, built here (no libseccomp needed): check the architecture, deny the listed
 syscall numbers, deny F_SETPIPE_SZ, allow the rest. Syscalls of another ABI (x32, i386 compat) are denied
@@ -24,9 +26,11 @@ import struct
 DENIED_SYSCALLS = {
     "x86_64": {"memfd_create": 319, "memfd_secret": 447, "shmget": 29, "msgget": 68, "semget": 64, "socket": 41,
                "socketpair": 53, "io_uring_setup": 425, "bpf": 321, "perf_event_open": 298, "inotify_init": 253,
-               "inotify_init1": 294},
+               "inotify_init1": 294, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
+               "pidfd_getfd": 438},
     "aarch64": {"memfd_create": 279, "memfd_secret": 447, "shmget": 194, "msgget": 186, "semget": 190, "socket": 198,
-                "socketpair": 199, "io_uring_setup": 425, "bpf": 280, "perf_event_open": 241, "inotify_init1": 26},
+                "socketpair": 199, "io_uring_setup": 425, "bpf": 280, "perf_event_open": 241, "inotify_init1": 26,
+                "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438},
 }
 FCNTL = {"x86_64": 72, "aarch64": 25}
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
