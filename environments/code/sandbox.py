@@ -22,7 +22,8 @@ command line. Each run gets:
     cgroup when it hands memory and pids to children);
   - "rlimits" (no usable cgroup, e.g. cgroup v1 or a container without delegation): per-process limits
     plus a syscall filter (`sandboxed/syscall_filter.py`) that refuses what no rlimit counts (memfd_create,
-    SysV shm/msg/sem, sockets, io_uring, BPF, perf buffers, inotify, F_SETPIPE_SZ). Then the run holds at
+    SysV shm/msg/sem, sockets, io_uring, BPF, perf buffers, inotify, F_SETPIPE_SZ) and one process making
+    another hold memory (ptrace, process_vm_writev, pidfd_getfd). Then the run holds at
     most: max_procs processes x their RLIMIT_AS, plus the scratch tmpfs, plus kernel buffers bounded by
     counts (RLIMIT_NOFILE descriptors x a 64 KB pipe each, TMPFS_INODES inodes);
 * limits on every process: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_CORE=0, RLIMIT_NOFILE
