@@ -177,7 +177,7 @@ def test_run_config_from_cli_flags_then_overrides(tmp_path):
 
 
 def test_every_gpu_recipe_in_configs_validates_against_its_algorithm_and_names_registered_envs():
-    """The README's GPU recipes are files a user runs; they must not rot as configs and algorithms change."""
+    """The GPU recipes (docs/gpu.md) are files a user runs; they must not rot as configs and algorithms change."""
     from pathlib import Path
 
     import yaml

@@ -139,7 +139,7 @@ def test_a_plugin_methods_record_is_accepted_and_a_different_protocol_is_marked(
 
 
 def test_an_eval_record_with_the_benchs_protocol_and_env_options_is_shown_as_the_benchs_and_without_them_is_marked(tmp_path):
-    """README "Publish a result": evaluated with the bench's settings *and* its env options, a row compares
+    """docs/evaluate-and-publish.md "Publish a result": evaluated with the bench's settings *and* its env options, a row compares
     like the bench's; the same settings without `--env-arg` (other observations) carry the mark."""
     from agentgym_opd.action_parsing import ONE_ACTION_PROMPT
     from evaluation.records import env_args_label
@@ -330,7 +330,7 @@ class MyOPD(OPD):
 
 @pytest.mark.slow
 def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
-    """The README's "Publish a result", step by step: a plugin package (found through its entry point, as an
+    """docs/evaluate-and-publish.md "Publish a result", step by step: a plugin package (found through its entry point, as an
     installed distribution is), train, eval, stamp, add next to the bench's rows, build, reproduce."""
     import os
 
