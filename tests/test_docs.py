@@ -215,6 +215,26 @@ def test_every_relative_link_reaches_a_file_and_its_heading():
     assert not broken, "broken links (fix the target or the heading):\n" + "\n".join(broken)
 
 
+def repository_paths_named(path: Path) -> set[str]:
+    """Files and folders of this repository a page names in inline code (`evaluation/records.py`,
+    `tests/test_x.py::test_y`, `configs/`): spans whose first folder is one at the repository's top level."""
+    top = {p.name for p in ROOT.iterdir()}
+    named = set()
+    for span in re.findall(r"`([^`\s]+)`", path.read_text()):
+        candidate = span.split("::")[0]
+        if re.fullmatch(r"[\w.-]+/[\w./-]*", candidate) and candidate.split("/")[0] in top:
+            named.add(candidate)
+    return named
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """A guide that names a moved or deleted file sends a reader nowhere. The history is exempt: it names
+    files as they were when each note was written."""
+    missing = [f"{page.relative_to(ROOT)}: `{name}`" for page in markdown_files() if page.name != "history.md"
+               for name in sorted(repository_paths_named(page)) if not (ROOT / name).exists()]
+    assert not missing, "pages name files this repository does not have (fix the path):\n" + "\n".join(missing)
+
+
 def test_every_docs_page_is_on_the_docs_map_and_in_the_readme():
     index = DOCS / "index.md"
     on_map = {t.partition("#")[0] for t in relative_links(index)}
