@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evaluation.records import (BENCH_CONTEXT_TOKENS, MAX_RECORD_BYTES, RecordError, REFERENCE_ROWS, env_args_label,
-                                env_family, is_rate, lower_is_better, parse_record, protocol_label, record_id)
+                                env_family, is_rate, lower_is_better, parse_record, protocol_label, record_id,
+                                reproduction_problem)
 
 IDENTITY_FIELDS = ("env_id", "split", "algorithm", "student", "teacher", "seed")
 # the headline metric of an env family, where it is not success
@@ -353,10 +354,16 @@ class Leaderboard:
         the same bench), not refused. ``ignore``: fields left out of that comparison (or a function of the
         record giving them)."""
         plan = AddPlan()
-        on_board = {identity(r): (path, r) for path, r in self.published()}
+        published = self.published()
+        on_board = {identity(r): (path, r) for path, r in published}
+        originals = {record_id(r): r for _, r in [*published, *items]}  # what a reproduction may rerun
         in_batch: dict[tuple, tuple[str, dict[str, Any]]] = {}
         for source, record in items:
             key, fields = identity(record), ignore(record) if callable(ignore) else ignore
+            problem = reproduction_problem(record, originals)
+            if problem:
+                plan.problems.append(f"{source or 'record'}: {problem}")
+                continue
             if key in on_board:
                 path, old = on_board[key]
                 if skip_published and same_result(record, old, fields):

@@ -149,10 +149,24 @@ def _stamp(board: Leaderboard, args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_original_published(board: Leaderboard, record: dict, source: str) -> None:
+    """Before a rerun that ``--add`` will publish: the record it reproduces must be on this board (a
+    reproduction is published only beside its original), checked now rather than after an hour's rerun."""
+    from evaluation.records import record_id, reproduces_id
+
+    wanted = reproduces_id(record)
+    if wanted not in {record_id(r) for r in board.load_records()}:
+        raise RecordError(f"--add publishes the rerun beside the record it reproduces ({wanted}), which is not in "
+                          f"{board.records_dir}: publish it first (`agentgym-opd leaderboard --root {board.root} add "
+                          f"{source}`), or rerun without --add; nothing was run")
+
+
 def _reproduce(board: Leaderboard, args: argparse.Namespace) -> int:
     from evaluation.reproduce import format_report, reproduce
 
     record = board.read_record(Path(args.record))
+    if args.add:
+        _check_original_published(board, record, args.record)
     ok, new, rows = reproduce(record, timeout_s=args.timeout)
     print(f"reproduce {record['algorithm']} on {record['env_id']} seed {record['seed']}: "
           + ("same numbers" if all(r["old"] == r["new"] for r in rows) else "numbers differ"))

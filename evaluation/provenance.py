@@ -198,19 +198,19 @@ def stamp_eval_record(record: dict[str, Any], command: Sequence[str]) -> dict[st
 
 
 def _parse_eval_command(command: list[str]) -> Any:
-    """The command's arguments, parsed by `agentgym-opd eval`'s own parser (so its defaults apply)."""
+    """The command's arguments, parsed by `agentgym-opd eval`'s own arguments (so its defaults apply) with
+    abbreviations off, as `reproduce` parses it: a stamped command is one reproduce reruns word for word."""
     import argparse
 
-    from evaluation import eval_command
+    from evaluation.reproduce import command_parser
 
     if command[:2] != ["agentgym-opd", "eval"]:
         raise RecordError(f"stamp takes the `agentgym-opd eval ...` command that wrote the record, got {command[:2]!r}")
-    parser = argparse.ArgumentParser(prog="agentgym-opd eval", add_help=False, exit_on_error=False)
-    eval_command.add_arguments(parser)
     try:
-        return parser.parse_args(command[2:])
+        return command_parser("eval").parse_args(command[2:])
     except (SystemExit, argparse.ArgumentError) as err:
-        raise RecordError(f"the command is not a valid `agentgym-opd eval` command: {' '.join(command)}") from err
+        raise RecordError(f"the command is not a valid `agentgym-opd eval` command ({err}); spell every option out "
+                          f"in full: {' '.join(command)[:500]}") from err
 
 
 def _seeds(args: Any) -> list[int]:

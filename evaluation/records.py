@@ -14,12 +14,13 @@ A record is a JSON object. Schema version 1 (fields below the line are optional)
 | `code_revision` | str | git revision of the code that produced it |
 | `seed` | int | the run's seed |
 | `wall_time_s` | float >= 0 | evaluation wall time |
-| `created` | str | ISO-8601 time the record was written |
+| `created` | str | ISO-8601 time the record was written; not in the future (``CLOCK_SKEW`` allowed; no zone: UTC) |
 | `curve` | list of {"rollouts": int, "success_rate": float} | training curve (success against rollout budget) |
-| `training` | optional {name: number} | diagnostics of the training run behind the record: `judge_defaulted_share` (SAGE-OPD: share of judged turns whose verdict was unreadable and defaulted; a warning is printed above `DEFAULTED_WARN_SHARE`) |
+| `training` | optional {name: number} | diagnostics of the training run behind the record: `judge_defaulted_share` (SAGE-OPD: share of judged turns whose verdict was unreadable and defaulted; a warning is printed above `DEFAULTED_WARN_SHARE`). A name says what kind of quantity it is (``quantity_kind``): a count (`steps`, `*_episodes`, `*_tokens`, ...) is an integer in [0, 10**15], a share (`*_share`, `*_rate`) lies in [0, 1], a duration (`*_s`) in [0, 1e9], anything else in [-1e9, 1e9] |
 | `protocol` | {name: str/number/bool/null} | how it was evaluated (temperature, samples, max_new_tokens, max_turns, backend, action_parser, system_prompt; `partial: true` for an interrupted run); records with different protocols are different leaderboard rows |
 | `budget` | {"rollout_episodes": int, "tokens": int or null} | training spent: rollout episodes and agent tokens generated |
 | `origin` | "original" or "reproduced" | a first result, or a rerun of a published one (absent: original) |
+| `reproduces` | str (16 hex digits) | with `origin: reproduced` only, and then required: the record id of the published record it reruns (same env, split, algorithm, models and seed); a leaderboard folder publishes it only beside that record |
 | `provenance` | object, see `evaluation.provenance` | package versions, task-set hash, chat-template hash, weights hash, full command, seeds |
 | `episodes` | list of episode traces, see `evaluation.episode_trace` | a few evaluation episodes, turn by turn, with per-token divergences for distillation methods |
 | `throughput` | optional {"agent_tokens": int, "tokens_per_s": number} | tokens the policy generated, and per second of wall time |
@@ -37,8 +38,8 @@ import hashlib
 import json
 import math
 import re
-from datetime import datetime
-from typing import Any, Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Mapping
 
 from agentgym_opd.policy.loading import DEFAULT_MAX_CONTEXT_TOKENS
 
@@ -51,7 +52,11 @@ MAX_CURVE_POINTS = 1000
 MAX_PROTOCOL_ENTRIES = 50
 MAX_PROMPT_CHARS = 8000  # a protocol's system prompt (BFCL's own is ~1,000 characters over several lines)
 SEED_LIMIT = 2**63  # seeds are 64-bit: |seed| < 2**63
+MAX_COUNT = 10**15  # episodes, tokens, steps: exact as a float64, so the page (JavaScript numbers) shows them as written
+MAX_MAGNITUDE = 1e9  # any other number a record states (a mean, a loss, a duration in seconds)
+CLOCK_SKEW = timedelta(days=1)  # how far ahead of this machine's clock a record's `created` may be
 METRIC_NAME = re.compile(r"[A-Za-z0-9_@/.:+-]{1,64}")
+RECORD_ID = re.compile(r"[0-9a-f]{16}")  # what `record_id` returns: the name of a published record's file
 
 # metrics where smaller is better; every other metric is "higher is better"
 LOWER_IS_BETTER_PREFIXES = ("mean_turns", "error_rate")
@@ -59,6 +64,10 @@ LOWER_IS_BETTER_PREFIXES = ("mean_turns", "error_rate")
 RATE_NAMES = frozenset({"success_rate", "error_rate", "em", "f1", "accuracy", "exact_match"})
 RATE_PREFIXES = ("error_rate/", "pass@")
 ORIGINS = ("original", "reproduced")
+# what a reproduction shares with the record it reruns: the same run, rerun
+RERUN_FIELDS = ("env_id", "split", "algorithm", "student", "teacher", "seed")
+# the last word of a name that counts something (`steps`, `rollout_episodes`, `max_new_tokens`)
+COUNT_WORDS = frozenset({"steps", "step", "episodes", "tokens", "rollouts", "samples", "turns", "count", "updates"})
 # the bench's rows that train nothing: the start, the start with privileged context in its prompt, the teacher
 REFERENCE_ROWS = ("warm_start", "warm_start+context", "teacher")
 
@@ -107,19 +116,73 @@ def _check_curve(value: Any) -> str | None:
     for point in value:
         if not (isinstance(point, dict) and set(point) == {"rollouts", "success_rate"}
                 and isinstance(point["rollouts"], int) and not isinstance(point["rollouts"], bool)
-                and 0 <= point["rollouts"] < SEED_LIMIT
+                and 0 <= point["rollouts"] <= MAX_COUNT
                 and _is_number(point["success_rate"]) and 0 <= point["success_rate"] <= 1):
             return f"point {point!r:.200} must be {{'rollouts': int >= 0, 'success_rate': number in [0, 1]}}"
     return None
 
 
-def _check_created(value: Any) -> str | None:
+def quantity_kind(name: str) -> str:
+    """What a number named ``name`` measures, read from its name, so a record's free-form numbers (``training``,
+    ``protocol``) get a range without a list of every name: 'share' (``*_share``, ``*_rate``, ``*_fraction``,
+    ``top_p``), 'duration' (``*_s``, ``*_seconds``), 'count' (last word ``steps``, ``episodes``, ``tokens``, ...,
+    or ``n_*``/``num_*``; not a ``mean_``/``avg_`` of one) or 'real'."""
+    name = name.lower()
+    if name.endswith(("_share", "_rate", "_fraction")) or name == "top_p":
+        return "share"
+    if name.endswith(("_s", "_seconds")):
+        return "duration"
+    averaged = name.startswith(("mean_", "avg_", "average_"))
+    if not averaged and (re.split(r"[_/.:@+-]", name)[-1] in COUNT_WORDS or name.startswith(("n_", "num_"))):
+        return "count"
+    return "real"
+
+
+def _check_quantity(name: str, value: Any) -> str | None:
+    """None when ``value`` is a sane number for what its name says it measures (``quantity_kind``), else the
+    problem and the fix: 1e308 steps, -3 episodes, 12.5 tokens or a share of 7 are refused, not published."""
+    kind = quantity_kind(name)
+    if kind == "count":
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
+            return None
+        return (f"entry {name!r} is a count: it must be a whole number in [0, {MAX_COUNT:.0e}] written as an integer "
+                f"(12, not 12.0 or 12.5), got {value!r:.80}")
+    if not _is_number(value):
+        return f"entry {name!r} must be a finite number (not a string, bool, NaN or infinity), got {value!r:.80}"
+    low, high, what = {"share": (0.0, 1.0, "a share: a number in [0, 1]"),
+                       "duration": (0.0, MAX_MAGNITUDE, f"a duration: seconds in [0, {MAX_MAGNITUDE:.0e}]"),
+                       "real": (-MAX_MAGNITUDE, MAX_MAGNITUDE, f"a number in [-{MAX_MAGNITUDE:.0e}, {MAX_MAGNITUDE:.0e}]")}[kind]
+    if low <= value <= high:
+        return None
+    return f"entry {name!r} is {what}, got {value!r:.80}"
+
+
+def _check_training(value: Any) -> str | None:
+    if not isinstance(value, dict) or len(value) > MAX_METRICS:
+        return f"must be an object {{name: number}} of at most {MAX_METRICS} entries, got {value!r:.200}"
+    for name, x in value.items():
+        if not METRIC_NAME.fullmatch(name):
+            return f"name {name[:80]!r} must be 1-64 characters of letters, digits and _@/.:+-"
+        problem = _check_quantity(name, x)
+        if problem:
+            return problem
+    return None
+
+
+def _check_created(value: Any, now: datetime | None = None) -> str | None:
     try:
         if not isinstance(value, str) or len(value) > 64:
             raise ValueError
-        datetime.fromisoformat(value)
+        when = datetime.fromisoformat(value)
     except (TypeError, ValueError):
         return f"must be an ISO-8601 time string, got {value!r:.80}"
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    now = now or datetime.now(timezone.utc)
+    if when > now + CLOCK_SKEW:  # (when - skew would overflow for year 1)
+        return (f"is in the future ({value}; this machine's clock reads {now:%Y-%m-%dT%H:%M}Z and allows "
+                f"{CLOCK_SKEW.days} day of clock skew): state when the record was made (eval writes it itself), or fix "
+                "the clock of the machine that wrote it")
     return None
 
 
@@ -140,6 +203,10 @@ def _check_protocol(value: Any) -> str | None:
         if not (v is None or isinstance(v, bool) or _is_number(v) or _printable_name(v)):
             return (f"entry {k!r} must be a printable string, number, bool or null (system_prompt: printable "
                     f"text with newlines, at most {MAX_PROMPT_CHARS} characters), got {v!r:.200}")
+        if _is_number(v) or (isinstance(v, bool) and quantity_kind(k) == "count"):
+            problem = _check_quantity(k, v)  # max_turns=true, samples=1e308, top_p=7: not a protocol
+            if problem:
+                return problem
     return None
 
 
@@ -148,11 +215,11 @@ def _check_budget(value: Any) -> str | None:
     if not isinstance(value, dict) or set(value) != {"rollout_episodes", "tokens"}:
         return f"{want}, got {value!r:.200}"
     for key in ("rollout_episodes", "tokens"):
-        v = value[key]
-        if v is None and key == "tokens":
+        if value[key] is None and key == "tokens":
             continue
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < SEED_LIMIT:
-            return f"{want}, got {value!r:.200}"
+        problem = _check_quantity(key, value[key])
+        if problem:
+            return problem
     return None
 
 
@@ -189,7 +256,7 @@ FIELDS: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "env_id": (True, _name(lambda v: "/" in v, "a registered env id such as 'household/valid_unseen'")),
     "split": (True, _name()),
     "metrics": (True, _check_metrics),
-    "n_episodes": (True, _typed(int, lambda v: 0 < v < SEED_LIMIT, "a positive integer")),
+    "n_episodes": (True, _typed(int, lambda v: 0 < v <= MAX_COUNT, f"a positive integer of at most {MAX_COUNT:.0e}")),
     "algorithm": (True, _name()),
     "algorithm_config": (True, _typed(dict, want="an object")),
     "student": (True, _name()),
@@ -202,12 +269,13 @@ FIELDS: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "protocol": (False, _check_protocol),
     "budget": (False, _check_budget),
     "origin": (False, _typed(str, lambda v: v in ORIGINS, f"one of {ORIGINS}")),
+    "reproduces": (False, _typed(str, lambda v: bool(RECORD_ID.fullmatch(v)),
+                                 "the 16-hex-digit id of the published record it reruns (its file name in records/)")),
     "provenance": (False, _lazy("evaluation.provenance:check_provenance")),
     "episodes": (False, _lazy("evaluation.episode_trace:check_episodes")),
-    "training": (False, lambda v: None if isinstance(v, dict) and len(v) <= MAX_METRICS and all(_printable_name(k) and _is_number(x) for k, x in v.items())
-                 else f"must be an object {{name: number}}, got {v!r:.200}"),
+    "training": (False, _check_training),
     "throughput": (False, lambda v: None if isinstance(v, dict) and set(v) == {"agent_tokens", "tokens_per_s"}
-                   and isinstance(v["agent_tokens"], int) and 0 <= v["agent_tokens"] < SEED_LIMIT and _is_number(v["tokens_per_s"])
+                   and _check_quantity("agent_tokens", v["agent_tokens"]) is None and _is_number(v["tokens_per_s"])
                    and 0 <= v["tokens_per_s"] <= 1e12 else f"must be {{'agent_tokens': int >= 0, 'tokens_per_s': number >= 0}}, got {v!r:.200}"),
 }
 
@@ -288,12 +356,54 @@ def validate_record(record: Any) -> dict[str, Any]:
         problem = check(record[name])
         if problem:
             raise RecordError(f"field {name!r} {problem}")
+    problem = _check_origin_link(record)
+    if problem:
+        raise RecordError(problem)
     for name in record:
         try:
             json.dumps(record[name], allow_nan=False)
         except ValueError as err:
             raise RecordError(f"field {name!r} must be plain, finite JSON ({err})") from err
     return record
+
+
+def _check_origin_link(record: dict[str, Any]) -> str | None:
+    """A reproduction names the record it reruns, and only a reproduction does: a bare "(reproduced)" row
+    would claim a rerun of nothing."""
+    reproduced = record.get("origin") == "reproduced"
+    if reproduced and "reproduces" not in record:
+        return ("field 'reproduces' is missing: a record with origin 'reproduced' must name the record it reruns "
+                "(`agentgym-opd leaderboard reproduce ORIGINAL --add` writes it); a first result has origin 'original'")
+    if not reproduced and "reproduces" in record:
+        return ("field 'reproduces' names a rerun's original, but origin is not 'reproduced': set origin to "
+                "'reproduced' for a rerun, or drop 'reproduces' from a first result")
+    return None
+
+
+def reproduces_id(record: dict[str, Any]) -> str:
+    """The id a rerun of ``record`` reproduces: the record's own, or its original's when it is itself a rerun."""
+    return record["reproduces"] if record.get("origin") == "reproduced" else record_id(record)
+
+
+def reproduction_problem(record: dict[str, Any], originals: Mapping[str, dict[str, Any]]) -> str | None:
+    """Why a reproduction cannot be published beside ``originals`` (record id -> record: what a leaderboard
+    folder holds, plus the batch being added), or None. Its original must be there, be an original, and be
+    the same run (``RERUN_FIELDS``): otherwise the page would show a "(reproduced)" row that reruns nothing."""
+    if record.get("origin") != "reproduced":
+        return None
+    wanted = record["reproduces"]
+    original = originals.get(wanted)
+    if original is None:
+        return (f"it reproduces record {wanted}, which is not published in this leaderboard folder: publish the "
+                "original first (`agentgym-opd leaderboard add ORIGINAL.json`), or add the rerun to the folder "
+                "that holds it")
+    if original.get("origin") == "reproduced":
+        return f"it names record {wanted}, itself a reproduction: 'reproduces' must name the original record"
+    differs = [f"{f} (rerun: {record[f]!r:.60}, original: {original[f]!r:.60})" for f in RERUN_FIELDS if record[f] != original[f]]
+    if differs:
+        return (f"it is not a rerun of record {wanted}: they differ on {'; '.join(differs)}; a reproduction reruns "
+                "the same run")
+    return None
 
 
 def parse_record(text: str | bytes, source: str = "record") -> dict[str, Any]:

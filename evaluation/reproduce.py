@@ -7,6 +7,14 @@ temporary folder. A bench record's rerun is narrowed to its own algorithm and se
 ``--seeds``, and ``--no-references`` unless the record is a reference row): runs are independent and
 seeded, so that is the same run, at a fraction of the cost.
 
+A record is third-party data, so its command is checked before it runs: every option that makes the
+command write outside the rerun's folder (``WRITING_FLAGS``: ``--publish`` would add to the repo's
+leaderboard) is dropped in any spelling argparse could read as it (``--pub``, ``--publish=1``), the rerun's own
+output folder is added, and the result is parsed by the subcommand's own arguments with abbreviations off (as
+the CLI parses them): a command that does not parse word for word, that sets a config key naming where a run
+writes (``WRITING_CONFIG_KEYS``, e.g. ``output_dir=/elsewhere``), or whose parsed outputs are not the rerun's
+folder is refused before anything runs.
+
 The report: per metric, the old and new means and the difference in standard errors,
 ``z = (new - old) / sqrt(se_old^2 + se_new^2)``. A record made on CPU must reproduce exactly (every
 mean equal: exit 0, else 1); a GPU record is accepted when every |z| <= 2.
@@ -14,6 +22,7 @@ mean equal: exit 0, else 1); a GPU record is accepted when every |z| <= 2.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import subprocess
@@ -22,27 +31,106 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from evaluation.records import REFERENCE_ROWS, RecordError, protocol_label, validate_record
+from evaluation.records import REFERENCE_ROWS, RecordError, protocol_label, reproduces_id, validate_record
 
+# the project's commands a record may rerun
 SUBCOMMANDS = ("bench", "eval")
 OUTPUT_FLAGS = {"bench": "--output-dir", "eval": "--out"}
+# every option with which a command writes outside the folder it is given: dropped from a record's command
+# (the output folder is replaced by the rerun's own; --publish adds to the repo's leaderboard/)
+WRITING_FLAGS = {"bench": ("--output-dir", "--publish"), "eval": ("--out",)}
+# config keys (bench's `section.key=value` overrides and --algo-set ALGO:key=value) that name where a run
+# writes: a command setting one is refused, since its run would write there
+WRITING_CONFIG_KEYS = ("output_dir", "algo.bank_path")
+# options the rerun sets itself (the device, and a bench narrowed to the record's own run)
+REPLACED_FLAGS = {"bench": ("--device", "--algos", "--seeds", "--jobs"), "eval": ("--device",)}
 # the cheapest selection that still runs the reference row
 REFERENCE_ALGOS = {"warm_start": "sft", "warm_start+context": "sft", "teacher": "opd"}
 
 
-def _drop_flag(argv: list[str], flag: str) -> list[str]:
-    out, skip = [], False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
+class _RaisingParser(argparse.ArgumentParser):
+    """An ArgumentParser whose every error (a missing required option too) is raised, never printed and exited."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise argparse.ArgumentError(None, message)
+
+
+def command_parser(sub: str) -> argparse.ArgumentParser:
+    """``agentgym-opd SUB``'s own arguments as the CLI parses them, with abbreviations off (``--pub`` is not
+    ``--publish``) and errors raised rather than printed and exited."""
+    parser = _RaisingParser(prog=f"agentgym-opd {sub}", add_help=False, allow_abbrev=False, exit_on_error=False)
+    _command_module(sub).add_arguments(parser)
+    return parser
+
+
+def _command_module(sub: str) -> Any:
+    """The module that defines ``agentgym-opd SUB``, found as the CLI finds it (its entry point), so the
+    arguments checked here are the ones the rerun's CLI parses."""
+    from importlib import metadata
+
+    from agentgym_opd.cli import COMMAND_GROUP
+
+    found = list(metadata.entry_points(group=COMMAND_GROUP, name=sub))
+    if not found:
+        raise RecordError(f"the `agentgym-opd {sub}` command is not installed here; reinstall the package")
+    return found[0].load()
+
+
+def drop_option(argv: list[str], flag: str, parser: argparse.ArgumentParser) -> list[str]:
+    """``argv`` without ``flag`` of ``parser`` in any spelling argparse could read as it: whole, abbreviated
+    (``--pub``, ``--p``), or with ``=value`` (``--publish=1``, ``--out=x``); and without its value when it takes
+    one. Another option's own full name is kept (``--seed`` is not ``--seeds``)."""
+    options = parser._option_string_actions  # noqa: SLF001 (argparse keeps no public table of its options)
+    takes_value = options[flag].nargs != 0
+    out, i = [], 0
+    while i < len(argv):
+        name, eq, _ = argv[i].partition("=")
+        if name.startswith("--") and len(name) > 2 and flag.startswith(name) and (name == flag or name not in options):
+            i += 1 + (1 if takes_value and not eq else 0)
             continue
-        if arg == flag:
-            skip = True
-            continue
-        if arg.startswith(flag + "="):
-            continue
-        out.append(arg)
+        out.append(argv[i])
+        i += 1
     return out
+
+
+def parse_command(sub: str, argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed as the CLI parses ``agentgym-opd SUB argv`` (``section.key=value`` words between flags
+    join bench's overrides), with abbreviations off; anything else is a RecordError."""
+    def refuse(problem: str) -> RecordError:
+        return RecordError(f"the record's command is not one `agentgym-opd {sub}` accepts word for word ({problem}); "
+                           "options must be spelled out in full (abbreviations such as --pub are refused)")
+
+    try:
+        args, extra = command_parser(sub).parse_known_args(argv)
+    except (argparse.ArgumentError, SystemExit) as err:
+        raise refuse(str(err)) from err
+    if extra and not hasattr(args, "overrides"):
+        raise refuse(f"it does not take {extra[:5]!r}")
+    overrides = list(getattr(args, "overrides", None) or []) + extra
+    stray = [x for x in overrides if "=" not in x or x.startswith("-")]
+    if stray:
+        raise refuse(f"{stray[:5]!r} are neither its options nor section.key=value overrides")
+    if hasattr(args, "overrides"):
+        args.overrides = overrides
+    return args
+
+
+def _config_writes(args: argparse.Namespace) -> list[str]:
+    """The config overrides of a parsed command that set where a run writes (``WRITING_CONFIG_KEYS``)."""
+    items = list(getattr(args, "overrides", None) or []) + [x.partition(":")[2] for x in getattr(args, "algo_set", None) or []]
+    return [x for x in items if x.partition("=")[0].strip() in WRITING_CONFIG_KEYS]
+
+
+def _check_writes_only_into(sub: str, args: argparse.Namespace, out_dir: Path) -> None:
+    """Refuse a parsed rerun command that would write anywhere but ``out_dir``: what runs is what was checked."""
+    problems = [f"it sets {x!r}" for x in _config_writes(args)]
+    if sub == "bench" and (args.publish or args.output_dir != str(out_dir)):
+        problems.append("it would publish or write outside the rerun's folder")
+    if sub == "eval" and args.out != str(out_dir / "record.json"):
+        problems.append("it would write its record outside the rerun's folder")
+    if problems:
+        raise RecordError(f"the record's command writes outside the folder reproduce gives it: {'; '.join(problems)}; "
+                          "nothing was run (a published command names no output location of its own)")
 
 
 def rerun_argv(record: dict[str, Any], out_dir: Path) -> list[str]:
@@ -52,18 +140,19 @@ def rerun_argv(record: dict[str, Any], out_dir: Path) -> list[str]:
         raise RecordError(f"record has no reproducible command (provenance.command must start with "
                           f"'agentgym-opd {'|'.join(SUBCOMMANDS)}'), got {command[:3]!r}")
     sub, args = command[1], command[2:]
-    for flag in (OUTPUT_FLAGS[sub], "--device", "--publish"):
-        args = _drop_flag(args, flag) if flag != "--publish" else [a for a in args if a != "--publish"]
+    parser = command_parser(sub)
+    for flag in (*WRITING_FLAGS[sub], *REPLACED_FLAGS[sub]):
+        args = drop_option(args, flag, parser)
     if sub == "bench":
-        for flag in ("--algos", "--seeds", "--jobs"):
-            args = _drop_flag(args, flag)
         algo = REFERENCE_ALGOS.get(record["algorithm"], record["algorithm"])
         args += ["--algos", algo, "--seeds", f"{record['seed']},", "--output-dir", str(out_dir)]
         if record["algorithm"] not in REFERENCE_ROWS and "--no-references" not in args:
             args.append("--no-references")  # an algorithm's run does not depend on the reference rows
     else:
         args += ["--out", str(out_dir / "record.json")]
-    return [sub, *args, "--device", "cpu", "--no-progress"]
+    argv = [*args, "--device", "cpu", "--no-progress"]
+    _check_writes_only_into(sub, parse_command(sub, argv), out_dir)
+    return [sub, *argv]
 
 
 def find_match(record: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -107,7 +196,8 @@ def format_report(rows: list[dict[str, Any]]) -> str:
 
 
 def reproduce(record: dict[str, Any], *, timeout_s: float = 3600, keep: Path | None = None) -> tuple[bool, dict[str, Any], list[dict[str, Any]]]:
-    """Rerun and compare: (reproduced?, the new record marked ``origin: reproduced``, the comparison)."""
+    """Rerun and compare: (reproduced?, the new record marked ``origin: reproduced`` and naming the record it
+    reruns in ``reproduces``, the comparison)."""
     validate_record(record)
     with tempfile.TemporaryDirectory(prefix="agentgym-opd-reproduce-") as tmp:
         out = Path(keep or tmp)
@@ -120,4 +210,4 @@ def reproduce(record: dict[str, Any], *, timeout_s: float = 3600, keep: Path | N
     exact = all(r["old"] == r["new"] for r in rows)
     device = (record.get("provenance") or {}).get("device", "cpu")
     ok = exact if device == "cpu" else all(abs(r["z"]) <= 2 for r in rows)
-    return ok, {**new, "origin": "reproduced"}, rows
+    return ok, {**new, "origin": "reproduced", "reproduces": reproduces_id(record)}, rows

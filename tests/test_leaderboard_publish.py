@@ -15,7 +15,7 @@ import pytest
 import agentgym_opd
 from evaluation.leaderboard import Leaderboard
 from evaluation.provenance import env_tasks_sha256, tasks_sha256, weights_sha256
-from evaluation.records import RecordError, validate_record
+from evaluation.records import RecordError, record_id, validate_record
 from test_leaderboard import make_record
 
 REPO = Path(__file__).resolve().parents[1]
@@ -207,11 +207,15 @@ def test_reproduce_reruns_a_cpu_record_and_gets_the_same_numbers(tmp_path):
     path = tmp_path / "published.json"
     path.write_text(json.dumps(record))
     root = tmp_path / "lb"
+    # a rerun is published only beside the record it reproduces: refused before anything runs, then accepted
+    early = subprocess.run(CLI + ["leaderboard", "--root", str(root), "reproduce", str(path), "--add"], capture_output=True, text=True)
+    assert early.returncode == 2 and "publish it first" in early.stderr and "nothing was run" in early.stderr, early.stderr
+    assert subprocess.run(CLI + ["leaderboard", "--root", str(root), "add", str(path), "--no-build"]).returncode == 0
     ok = subprocess.run(CLI + ["leaderboard", "--root", str(root), "reproduce", str(path), "--add"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr + ok.stdout
     assert "same numbers" in ok.stdout and "success_rate" in ok.stdout
-    reproduced = Leaderboard(root).load_records()
-    assert [r["origin"] for r in reproduced] == ["reproduced"]
+    reproduced = [r for r in Leaderboard(root).load_records() if r.get("origin") == "reproduced"]
+    assert len(reproduced) == 1 and reproduced[0]["reproduces"] == record_id(record)
     assert reproduced[0]["metrics"] == record["metrics"]
 
     # a published number that the code does not give back is reported with its distance in standard errors
