@@ -75,6 +75,25 @@ def with_context(parts: Sequence[str]) -> str:
     return "\n".join([CONTEXT_HEADER, *parts, TRANSITION])
 
 
+def attempt_feedback(episode: Episode, *, outcome: bool = False) -> str | None:
+    """What the environment said about an attempt, for a teacher's context (SDPO's and VPD's feedback).
+
+    The episode's own textual feedback; where the env gave none (an episode the rollout engine ended on
+    unparseable output never reaches the env's end-of-episode report) the execution errors its turns
+    recorded stand in: how many actions failed and the last error's message. ``outcome=True`` also states
+    the outcome when there is no feedback text (VPD: every row gets a C); otherwise an attempt with neither
+    feedback nor errors has nothing to say (None: SDPO masks such a row)."""
+    if episode.feedback:
+        return episode.feedback
+    parts = []
+    if outcome:
+        parts.append("Task completed." if episode.success else "Task not completed.")
+    errors = episode.errors()
+    if errors:
+        parts.append(f"{len(errors)} of {episode.num_turns} actions failed; the last error: {errors[-1].message}")
+    return " ".join(parts) or None
+
+
 def episode_actions(episode: Episode) -> list[str]:
     """The env-accepted actions of an episode (parse-error turns left out): its compact solution trace."""
     return [t.action for t in episode.turns if not t.info.get("parse_error")]

@@ -2,8 +2,10 @@
 
 Teacher: an EMA of the student's own network (rate ``algo.ema_rate``, 0.05), shown after the first
 observation: a successful sibling rollout of the same task (another rollout of the batch, never the
-episode itself) as its action trace, and the environment's textual feedback on this attempt, then an
-instruction to solve the original task correctly. Data: G on-policy rollouts per task (``needs_groups``).
+episode itself) as its action trace, and the environment's feedback on this failed attempt (its textual
+feedback, or where it gave none, the execution errors the turns recorded:
+:func:`agentgym_opd.distill.attempt_feedback`, shared with VPD), then an instruction to solve the original
+task correctly. Data: G on-policy rollouts per task (``needs_groups``).
 
 Signal: per agent token, the divergence between the student (no context) and the teacher (with it) on
 the student's exact tokens; top-M on the student's support is SDPO's own choice (``algo.top_m``).
@@ -26,8 +28,8 @@ import torch
 from agentgym_opd.config import constrained
 from agentgym_opd.algorithm import LossTerm, Step, agent_mask, weighted_sum
 from agentgym_opd.distill import (AlignedTeacher, DistillConfig, DistillState, DistillationAlgorithm, SelfTeacher,
-                                  TeacherInputs, actions_block, distill_metrics, episode_actions, successful_sibling,
-                                  with_context)
+                                  TeacherInputs, actions_block, attempt_feedback, distill_metrics, episode_actions,
+                                  successful_sibling, with_context)
 from agentgym_opd.losses import clipped_policy_gradient_per_token, group_advantages
 from agentgym_opd.rollout import RolloutBatch
 
@@ -67,8 +69,9 @@ class SDPO(DistillationAlgorithm):
         sibling = successful_sibling(batch, row) if self.config.use_sibling else None
         if sibling is not None:
             parts.append("A successful attempt at this task. " + actions_block(episode_actions(batch.episodes[sibling])))
-        if self.config.use_feedback and not episode.success and episode.feedback:
-            parts.append("Feedback on your previous attempt: " + episode.feedback)
+        feedback = attempt_feedback(episode) if self.config.use_feedback and not episode.success else None
+        if feedback:
+            parts.append("Feedback on your previous attempt: " + feedback)
         if not parts:
             return None
         return with_context(parts + [INSTRUCTION])

@@ -41,7 +41,8 @@ import torch
 from agentgym_opd.algorithm import LossTerm, Step, agent_mask, fit_width, sequence_logprobs, token_logprobs_of
 from agentgym_opd.config import constrained
 from agentgym_opd.distill import (AlignedTeacher, DistillConfig, DistillState, DistillationAlgorithm, SelfTeacher,
-                                  TeacherInputs, actions_block, episode_actions, successful_sibling, with_context)
+                                  TeacherInputs, actions_block, attempt_feedback, episode_actions, successful_sibling,
+                                  with_context)
 from agentgym_opd.losses import RunningMean, bco_implicit_reward, bco_row_losses
 from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.rollout import RolloutBatch, RolloutEngine
@@ -304,16 +305,9 @@ class VPD(DistillationAlgorithm):
 
 
 def env_feedback(episode: Any) -> str:
-    """The episode's own textual feedback; where the env gave none (an episode the rollout engine ended on
-    unparseable output never reached the env's end-of-episode report) the outcome and the execution errors
-    the turns recorded stand in, so every row has a C in ``env`` mode."""
-    if episode.feedback:
-        return episode.feedback
-    text = "Task completed." if episode.success else "Task not completed."
-    errors = episode.errors()
-    if errors:
-        text += f" {len(errors)} of {episode.num_turns} actions failed; the last error: {errors[-1].message}"
-    return text
+    """The ``env`` source of C: :func:`agentgym_opd.distill.attempt_feedback` with the outcome stated, so
+    every row has a C in ``env`` mode."""
+    return attempt_feedback(episode, outcome=True)  # type: ignore[return-value]
 
 
 def critique_messages(episode: Any, max_chars: int) -> list[dict[str, str]]:

@@ -14,8 +14,10 @@ from agentgym_opd.policy.hf import HFPolicy
 from agentgym_opd.policy.tiny import default_tiny_model
 from algorithms.opd import OPD, check_same_tokenizer
 from algorithms.opsd import OPSD
-from agentgym_opd.distill import successful_sibling
+from agentgym_opd.distill import attempt_feedback, successful_sibling
+from agentgym_opd.types import StepError
 from algorithms.sdpo import SDPO
+from algorithms.vpd import env_feedback
 from tiny_rollouts import tiny_household_rollout
 
 
@@ -117,25 +119,36 @@ def test_ema_self_teacher_moves_by_the_rate_and_round_trips_its_state():
 
 
 def test_sdpo_context_uses_a_successful_sibling_and_feedback_and_masks_rows_with_neither(rollout):
+    """Row 2 ends on parse errors with no feedback text: its errors are its feedback (as VPD's). Row 3 has
+    neither feedback nor an error nor a successful sibling: masked."""
     policy, batch = rollout
-    saved = [(ep.success, ep.feedback) for ep in batch.episodes]
+    saved = [(ep.success, ep.feedback, [t.error for t in ep.turns]) for ep in batch.episodes]
     try:
         # group 0: rollout 0 succeeded, rollout 1 failed with feedback; group 1: both failed, no feedback
         for ep, (success, feedback) in zip(batch.episodes, [(True, ""), (False, "Task not completed."), (False, ""), (False, "")]):
             ep.success, ep.feedback = success, feedback
+        batch.episodes[2].turns[-1].error = StepError("parse_error", "No action found in the answer.")
+        for turn in batch.episodes[3].turns:
+            turn.error = None
         algo = SDPO({}, policy)
         assert successful_sibling(batch, 1) == 0 and successful_sibling(batch, 0) is None
         assert algo.teacher_context(batch, 0) is None  # success, no other successful sibling: nothing to show
         ctx = algo.teacher_context(batch, 1)
         assert "A successful attempt" in ctx and "Task not completed." in ctx
         assert batch.episodes[0].turns[0].action.strip() in ctx
-        assert algo.teacher_context(batch, 2) is None and algo.teacher_context(batch, 3) is None
-        assert algo.prepare(batch).metrics["masked_fraction"] == 0.75
+        errors = algo.teacher_context(batch, 2)
+        assert errors and "the last error: No action found in the answer." in errors
+        assert attempt_feedback(batch.episodes[2]) in errors and attempt_feedback(batch.episodes[2]) in env_feedback(batch.episodes[2])
+        assert algo.teacher_context(batch, 3) is None and attempt_feedback(batch.episodes[3]) is None
+        assert SDPO({"use_feedback": False}, policy).teacher_context(batch, 2) is None
+        assert algo.prepare(batch).metrics["masked_fraction"] == 0.5
         mixed, parts = SDPO({"distill_weight": 0.5}, policy).loss(batch)
         assert "pg_loss" in parts and torch.isfinite(mixed)
     finally:
-        for ep, (success, feedback) in zip(batch.episodes, saved):
+        for ep, (success, feedback, errors) in zip(batch.episodes, saved):
             ep.success, ep.feedback = success, feedback
+            for turn, error in zip(ep.turns, errors):
+                turn.error = error
 
 
 def test_opd_refuses_a_teacher_with_another_tokenizer(tmp_path):
