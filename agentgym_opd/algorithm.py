@@ -113,26 +113,31 @@ def sequence_logits(model: Any, batch: RolloutBatch, rows: Sequence[int] | slice
     return logits, token_logprobs(logits, ids[:, 1:]), mask
 
 
-def sequence_logprobs(model: Any, batch: RolloutBatch, rows: Sequence[int] | slice) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logprobs(model: Any, batch: RolloutBatch, rows: Sequence[int] | slice,
+                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logp [b, T-1], mask [b, T-1])`` of :func:`sequence_logits`, for losses that need no full vocabulary:
-    computed a chunk of positions at a time (:func:`token_logprobs_of`), never as ``[b, T, V]``."""
+    computed a chunk of positions at a time (:func:`token_logprobs_of`), never as ``[b, T, V]``.
+    ``temperature``: of ``softmax(logits / temperature)``; an importance ratio against the behaviour
+    log-probs passes ``batch.logprob_temperature``."""
     ids, attention, mask = micro_batch(model, batch, rows)
-    return token_logprobs_of(model, ids, attention), mask
+    return token_logprobs_of(model, ids, attention, temperature=temperature), mask
 
 
-def token_logprobs_of(model: Any, ids: torch.Tensor, attention: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
-    """``[b, W-1]``: log-prob of ``ids[:, t+1]`` given ``ids[:, :t+1]``, differentiable. The body runs once and
-    the output head a chunk of positions at a time (also in the backward), so the only vocabulary-sized
-    tensor is one chunk's (``chunk`` positions; default from the vocabulary's size); a model whose hidden
-    states cannot be reached (:func:`agentgym_opd.policy.hf.can_chunk`) takes its full forward instead."""
+def token_logprobs_of(model: Any, ids: torch.Tensor, attention: torch.Tensor, chunk: int | None = None,
+                      temperature: float = 1.0) -> torch.Tensor:
+    """``[b, W-1]``: log-prob of ``ids[:, t+1]`` given ``ids[:, :t+1]`` under ``softmax(logits / temperature)``,
+    differentiable. The body runs once and the output head a chunk of positions at a time (also in the
+    backward), so the only vocabulary-sized tensor is one chunk's (``chunk`` positions; default from the
+    vocabulary's size); a model whose hidden states cannot be reached
+    (:func:`agentgym_opd.policy.hf.can_chunk`) takes its full forward instead."""
     from agentgym_opd.losses import token_logprobs
     from agentgym_opd.policy.hf import can_chunk, chunked_token_scores, final_hidden_states
 
     if not can_chunk(model):
         logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()[:, :-1]
-        return token_logprobs(logits, ids[:, 1:])
+        return token_logprobs(logits if temperature == 1.0 else logits / temperature, ids[:, 1:])
     hidden = final_hidden_states(model, ids, attention)[:, :-1]
-    return chunked_token_scores(model, hidden, ids[:, 1:], chunk=chunk).logprobs
+    return chunked_token_scores(model, hidden, ids[:, 1:], chunk=chunk, temperature=temperature).logprobs
 
 
 def agent_mask(batch: RolloutBatch) -> torch.Tensor:

@@ -272,7 +272,9 @@ def reverse_kl_per_token(student_logits: torch.Tensor, teacher_logits: torch.Ten
 @dataclass
 class DistillTerms:
     """Per-token results of one micro-batch ``[b, T]``: the loss, the mask it is taken under, the exact
-    reverse KL (the ``kl`` every method logs; detached) and the student's log-prob of each sampled id."""
+    reverse KL (the ``kl`` every method logs; detached) and the student's log-prob of each sampled id at the
+    rollout's temperature (``RolloutBatch.logprob_temperature``: what an importance ratio against the
+    behaviour log-probs needs; the divergence itself is always of the model's own distribution)."""
 
     per_token: torch.Tensor
     mask: torch.Tensor
@@ -280,8 +282,15 @@ class DistillTerms:
     student_logp: torch.Tensor
 
 
+def tempered_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-probs of ``targets`` under ``softmax(logits / temperature)`` (the behaviour distribution of a
+    rollout sampled at that temperature)."""
+    return token_logprobs(logits if temperature == 1.0 else logits / temperature, targets)
+
+
 def chunked_distillation_terms(student_model: Any, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor,
-                               teacher: AlignedTeacher, config: DistillConfig, chunk: int | None = None) -> DistillTerms:
+                               teacher: AlignedTeacher, config: DistillConfig, chunk: int | None = None,
+                               logp_temperature: float = 1.0) -> DistillTerms:
     """:func:`distillation_per_token` and the exact KL, computed a chunk of positions at a time.
 
     The student's body runs once (with gradient); then, per chunk, both final norms' outputs go through
@@ -302,7 +311,7 @@ def chunked_distillation_terms(student_model: Any, ids: torch.Tensor, attention:
         target, m = targets[:, start:end], mask[:, start:end]
         per_token = distillation_per_token(student_logits, teacher_logits, target, m, config)
         kl = reverse_kl_per_token(student_logits, teacher_logits, m)
-        return per_token, kl, token_logprobs(student_logits, target)
+        return per_token, kl, tempered_logprobs(student_logits, target, logp_temperature)
 
     per_token, kl, student_logp = chunked_over_positions(student_model, hidden, one_chunk, step)
     return DistillTerms(per_token, mask, kl.detach(), student_logp)
@@ -310,7 +319,7 @@ def chunked_distillation_terms(student_model: Any, ids: torch.Tensor, attention:
 
 def scored_distillation_terms(student_model: Any, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor,
                               teacher_logp: torch.Tensor, teacher_topm: TopM | None, config: DistillConfig,
-                              chunk: int | None = None) -> DistillTerms:
+                              chunk: int | None = None, logp_temperature: float = 1.0) -> DistillTerms:
     """The same terms against a scoring-only teacher (:func:`aligned_teacher_scores`): its top-M + tail, or
     its log-probs of the sampled ids. ``kl`` is then the top-M + tail estimate of the reverse KL (the exact
     one needs the teacher's full distribution, which such a teacher does not ship)."""
@@ -331,10 +340,11 @@ def scored_distillation_terms(student_model: Any, ids: torch.Tensor, attention: 
         student_logits = output_logits(student_model, h)
         target, m = targets[:, start:end], mask[:, start:end]
         student_logp = token_logprobs(student_logits, target)
+        ratio_logp = tempered_logprobs(student_logits, target, logp_temperature)
         if record is None:
             kl = (student_logp.detach() - teacher_logp[:, start:end]) * m  # sampled estimate of the reverse KL
             per_token = sampled_token_surrogate(student_logp, teacher_logp[:, start:end], m, clip=config.clip)
-            return per_token, kl, student_logp
+            return per_token, kl, ratio_logp
         part = TopM(record.ids[:, start:end], record.logprobs[:, start:end], record.tail[:, start:end])
         if config.estimator == "sampled":
             per_token = sampled_token_surrogate(student_logp, teacher_logp[:, start:end], m, clip=config.clip)
@@ -342,7 +352,7 @@ def scored_distillation_terms(student_model: Any, ids: torch.Tensor, attention: 
             per_token = topm_divergence(student_logits, part, m, config.divergence, tail=config.tail,  # type: ignore[arg-type]
                                         beta=config.jsd_beta, clip=config.clip)
         kl = topm_divergence(student_logits.detach(), part, m, "reverse_kl", tail=True)
-        return per_token, kl, student_logp
+        return per_token, kl, ratio_logp
 
     per_token, kl, student_logp = chunked_over_positions(student_model, hidden, one_chunk, step)
     return DistillTerms(per_token, mask, kl.detach(), student_logp)
@@ -499,14 +509,16 @@ class DistillationAlgorithm(Algorithm):
         return teacher_inputs(batch, rows, prefixes, pad)
 
     def distillation_terms(self, batch: RolloutBatch, rows: slice, state: DistillState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(per_token_loss, mask, student_logits, teacher_logits, student_logp)`` for ``rows``; masked rows zeroed."""
-        student_logits, student_logp, mask = sequence_logits(self.model, batch, rows)
+        """``(per_token_loss, mask, student_logits, teacher_logits, student_logp)`` for ``rows``; masked rows
+        zeroed; ``student_logp`` at the rollout's temperature (see :class:`DistillTerms`)."""
+        student_logits, _, mask = sequence_logits(self.model, batch, rows)
         width = student_logits.shape[1] + 1
         with phase("teacher"):
             teacher_logits = self.teacher_logits(self.teacher_view(batch, rows, state), width)
         mask = mask * self.kept_rows(state)[rows].to(mask.device)[:, None]
         targets = batch.input_ids[rows][:, 1:width].to(student_logits.device)
         per_token = distillation_per_token(student_logits, teacher_logits, targets, mask, self.config)
+        student_logp = tempered_logprobs(student_logits, targets, batch.logprob_temperature)
         return per_token, mask, student_logits, teacher_logits, student_logp
 
     def chunked_terms(self, batch: RolloutBatch, rows: slice, state: DistillState) -> DistillTerms | None:
@@ -529,11 +541,14 @@ class DistillationAlgorithm(Algorithm):
                 logp, topm = aligned_teacher_scores(scorer, inputs, width,
                                                     self.config.top_m if self.config.estimator != "sampled" else 0)
         mask = mask * self.kept_rows(state)[rows].to(mask.device)[:, None]
+        temperature = batch.logprob_temperature
         if teacher is not None:
-            return chunked_distillation_terms(self.model, ids, attention, mask, teacher, self.config)
+            return chunked_distillation_terms(self.model, ids, attention, mask, teacher, self.config,
+                                              logp_temperature=temperature)
         if scorer is None:
             return None
-        return scored_distillation_terms(self.model, ids, attention, mask, logp, topm, self.config)
+        return scored_distillation_terms(self.model, ids, attention, mask, logp, topm, self.config,
+                                         logp_temperature=temperature)
 
     def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: DistillState,
                      step: Step) -> tuple[torch.Tensor, dict[str, float]]:

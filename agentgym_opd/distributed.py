@@ -287,7 +287,8 @@ def shard_batch(batch: Any, ctx: DistContext) -> Any:
     return RolloutBatch(episodes=list(batch.episodes[rows]), input_ids=batch.input_ids[rows],
                         attention_mask=batch.attention_mask[rows], loss_mask=batch.loss_mask[rows],
                         turn_index=batch.turn_index[rows], behaviour_logprobs=batch.behaviour_logprobs[rows],
-                        group_ids=batch.group_ids[rows], rewards=rewards)
+                        group_ids=batch.group_ids[rows], rewards=rewards,
+                        logprob_temperature=batch.logprob_temperature)
 
 
 def shard_tasks(tasks: Sequence[str], ctx: DistContext, group_size: int = 1) -> tuple[list[str], int]:

@@ -21,6 +21,11 @@ Malformed output (no action, unfinished tool call, hitting `max_new_tokens`) is 
 engine's own turn counter enforces the env's `max_turns`, so a model that never produces an action still
 ends its episode.
 
+Behaviour log-probs (`RolloutBatch.behaviour_logprobs`) are those the policy reported while sampling: of
+the distribution it sampled from, ``softmax(logits / T)`` at the sampling temperature T (see
+`agentgym_opd.policy.base`); `RolloutBatch.logprob_temperature` records T, so an importance ratio takes its
+current log-probs at the same temperature and starts at 1 for the policy that sampled.
+
 Seeds: rollout k of a `collect(seed=s)` call uses rollout seed s + k (tasks in order, G per task), and
 turn t of it samples with seed `rollout_seed * 1_000_003 + t`, per row, so a rollout's tokens do not
 depend on the other episodes of the batch.
@@ -66,6 +71,7 @@ class RolloutBatch:
     behaviour_logprobs: torch.Tensor
     group_ids: torch.Tensor
     rewards: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    logprob_temperature: float = 1.0  # behaviour_logprobs are of softmax(logits / this): the sampling temperature
 
     def __len__(self) -> int:
         return len(self.episodes)
@@ -372,4 +378,11 @@ class RolloutEngine:
             behaviour_logprobs=behaviour,
             group_ids=torch.tensor([lv.episode.metadata["group"] for lv in lives]),
             rewards=torch.tensor([lv.episode.return_ for lv in lives], dtype=torch.float32),
+            logprob_temperature=self.logprob_temperature(),
         )
+
+    def logprob_temperature(self) -> float:
+        """The temperature of the distribution the policy's behaviour log-probs are taken in (its
+        ``logprob_temperature``; a backend without one, e.g. a scripted agent, reports temperature 1)."""
+        report = getattr(self.policy, "logprob_temperature", None)
+        return float(report(self.sampling)) if callable(report) else 1.0

@@ -6,6 +6,8 @@ Teacher: none. Data: G on-policy rollouts of each task (``needs_groups``). Signa
 - advantage ``A_i = (R_i - mean_g R) / (std_g R + eps)`` (``scale_by_std=False``: Dr. GRPO's ``R_i - mean``),
   given to every agent token of rollout i; context tokens (prompt, observations) carry no loss;
 - ``rho_t = exp(log pi(y_t) - log pi_old(y_t))`` against the behaviour log-probs recorded at sampling time,
+  both in the distribution sampled from, ``softmax(logits / T)`` at the rollout's temperature
+  (``RolloutBatch.logprob_temperature``; TRL's and verl's convention), so rho starts at 1;
   ``loss_t = -min(rho_t A_i, clip(rho_t, 1 - eps_low, 1 + eps_high) A_i)``;
 - plus ``kl_coef * k3(pi || pi_ref)`` per token, where the reference is the adapter-off network when the
   student is LoRA (free: same weights, no copy) and otherwise a frozen copy of the initial student, made
@@ -68,11 +70,13 @@ class GRPO(Algorithm):
                 self._reference = copy.deepcopy(self.model).eval().requires_grad_(False)
 
     def _reference_logprobs(self, batch: RolloutBatch, rows: slice) -> torch.Tensor:
+        """The reference's log-probs at the rollout's temperature (as the policy's in the KL term)."""
+        temperature = batch.logprob_temperature
         with torch.no_grad():
             if self._reference is not None:
-                return sequence_logprobs(self._reference, batch, rows)[0]
+                return sequence_logprobs(self._reference, batch, rows, temperature)[0]
             with self.student.adapter_disabled():
-                return sequence_logprobs(self.model, batch, rows)[0]
+                return sequence_logprobs(self.model, batch, rows, temperature)[0]
 
     def prepare(self, batch: RolloutBatch) -> GRPOState:
         advantages = group_advantages(batch.rewards.float(), batch.group_ids, scale_by_std=self.config.scale_by_std)
@@ -90,7 +94,7 @@ class GRPO(Algorithm):
 
     def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: GRPOState,
                      step: Step) -> tuple[torch.Tensor, dict[str, float]]:
-        logp, mask = sequence_logprobs(self.model, batch, rows)
+        logp, mask = sequence_logprobs(self.model, batch, rows, batch.logprob_temperature)  # the sampler's T
         logp_old = batch.behaviour_logprobs[rows][:, 1: 1 + logp.shape[1]].to(logp.device)
         per_token, parts = clipped_policy_gradient_per_token(logp, logp_old, state.advantages[rows].to(logp.device),
                                                              eps_low=self.config.eps_low, eps_high=self.config.eps_high)

@@ -11,7 +11,8 @@ Signal: per agent token, the divergence between the student (no context) and the
 the student's exact tokens; top-M on the student's support is SDPO's own choice (``algo.top_m``).
 A rollout with neither a successful sibling nor feedback has nothing to learn from and is masked out.
 With ``algo.distill_weight = w < 1`` the loss is ``(1 - w) * L_GRPO + w * L_distill`` (GRPO's clipped,
-group-normalised outcome term on the same rollouts).
+group-normalised outcome term on the same rollouts; its ratio in the distribution sampled from, at the
+rollout's temperature, as :mod:`algorithms.grpo`).
 
 Why it works: failure feedback and a sibling's success turn an outcome reward into a dense, per-token
 correction the student's own network can already express (it reads the hint), so even groups whose
@@ -109,10 +110,11 @@ class SDPO(DistillationAlgorithm):
         if w >= 1.0:
             return distill, metrics
         old = batch.behaviour_logprobs[rows][:, 1: student_logp.shape[1] + 1].to(student_logp.device)
-        pg_token, _ = clipped_policy_gradient_per_token(student_logp, old, state.advantages[rows].to(student_logp.device),
-                                                        eps_low=self.config.eps_low)
+        pg_token, parts = clipped_policy_gradient_per_token(student_logp, old, state.advantages[rows].to(student_logp.device),
+                                                            eps_low=self.config.eps_low)
         pg = weighted_sum(pg_token, coef["pg"])
         metrics["pg_loss"] = float(pg.detach())
+        metrics.update({f"pg_{k}": float(weighted_sum(v, coef["pg"])) for k, v in parts.items()})
         return (1.0 - w) * pg + w * distill, metrics
 
     def after_update(self, metrics: dict[str, float], step: Step) -> None:

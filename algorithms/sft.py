@@ -88,6 +88,10 @@ def concat_batches(batches: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch
     def pad(t: torch.Tensor, value: float) -> torch.Tensor:
         return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
 
+    temperatures = {b.logprob_temperature for b in batches}
+    if len(temperatures) > 1:
+        raise ValueError(f"concat_batches: the batches' behaviour log-probs are at different temperatures "
+                         f"{sorted(temperatures)}; one importance ratio needs one: collect them alike")
     offsets, groups, shift = [], [], 0
     for b in batches:
         groups.append(b.group_ids + shift)
@@ -101,6 +105,7 @@ def concat_batches(batches: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch
         behaviour_logprobs=torch.cat([pad(b.behaviour_logprobs, 0.0) for b in batches]),
         group_ids=torch.cat(groups),
         rewards=torch.cat([b.rewards for b in batches]),
+        logprob_temperature=temperatures.pop(),
     )
 
 

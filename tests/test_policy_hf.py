@@ -48,8 +48,11 @@ def test_tiny_model_saves_and_reloads_by_path(tmp_path):
 
 
 def test_generate_logprobs_equal_score_of_same_tokens(policy):
+    """In ``raw`` mode (temperature-1 log-probs whatever the sampling temperature; the default ``tempered``
+    mode is checked against a forward at the rollout's temperature in test_method_temperature.py)."""
+    raw = HFPolicy(policy.model, policy.tokenizer, logprobs="raw")
     prompts = _prompts(policy)  # different lengths -> left padding is exercised
-    gens = policy.generate(prompts, SamplingParams(max_new_tokens=24, temperature=0.8, top_k=50, seed=3))
+    gens = raw.generate(prompts, SamplingParams(max_new_tokens=24, temperature=0.8, top_k=50, seed=3))
     scores = policy.score(prompts, [g.token_ids for g in gens])
     for gen, sc in zip(gens, scores):
         assert len(gen.token_ids) == len(gen.logprobs) == sc.logprobs.shape[0] > 0
@@ -59,9 +62,10 @@ def test_generate_logprobs_equal_score_of_same_tokens(policy):
 
 def test_sampling_logprobs_mode_reports_tempered_distribution(tiny_path, policy):
     tempered = HFPolicy(policy.model, policy.tokenizer, logprobs="sampling")
+    raw_policy = HFPolicy(policy.model, policy.tokenizer, logprobs="raw")
     params = SamplingParams(max_new_tokens=8, temperature=0.5, seed=1)
     prompts = _prompts(policy)[:1]
-    raw, samp = policy.generate(prompts, params)[0], tempered.generate(prompts, params)[0]
+    raw, samp = raw_policy.generate(prompts, params)[0], tempered.generate(prompts, params)[0]
     assert raw.token_ids == samp.token_ids  # same seed, same draw
     assert not torch.allclose(torch.tensor(raw.logprobs), torch.tensor(samp.logprobs))
 

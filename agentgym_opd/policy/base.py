@@ -1,7 +1,9 @@
 """The policy protocol: everything an algorithm or the rollout engine needs from a language model.
 
 Two operations. `generate` samples continuations and returns the *behaviour* log-probs of the sampled
-tokens (importance ratios and on-policy checks need them). `score` re-reads given continuations under
+tokens (importance ratios and on-policy checks need them), taken in the distribution the tokens were
+sampled from, ``log_softmax(logits / T)``; a backend says which temperature T that was through an optional
+``logprob_temperature(params)`` (absent: 1), and the rollout engine records it on the batch. `score` re-reads given continuations under
 given contexts and returns per-token log-probs, optionally the top-M alternatives and the mass outside
 them (the "tail bucket" of top-M distillation losses). `score` is also the teacher's whole interface: an
 in-process HF teacher and a served vLLM teacher implement the same contract (see `Policy.score`), so a

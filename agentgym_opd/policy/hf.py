@@ -1,10 +1,13 @@
 """Hugging Face transformers backend: any local causal-LM checkpoint, optional LoRA, KV-cached sampling.
 
-Log-prob convention: by default (`logprobs="raw"`) the behaviour log-prob of a sampled token is taken
-from the *raw model distribution at temperature 1*, i.e. exactly what `score` returns for the same
-tokens, whatever temperature/top-k/top-p were used to pick them. That is what on-policy distillation
-and KL terms need. `logprobs="sampling"` instead reports the log-prob under the tempered and filtered
-distribution the token was actually drawn from (what an importance ratio against the sampler needs).
+Log-prob convention (`logprobs=`): by default (`"tempered"`) the behaviour log-prob of a sampled token is
+taken from the distribution it was sampled from, ``log_softmax(logits / T)`` at the sampling temperature T
+(T = 1 when greedy), without top-k/top-p truncation: the policy GRPO's and SDPO's importance ratios are
+taken in, as TRL and verl do (their trainers divide the logits by the temperature in both the behaviour
+and the current log-probs); :meth:`HFPolicy.logprob_temperature` says which T that was, and the rollout
+engine records it on the batch so the ratio's current log-probs use the same T. `"raw"` reports the
+temperature-1 distribution (what `score` returns) whatever the temperature; `"sampling"` the tempered AND
+truncated distribution (its ratio is exact only without top-k/top-p).
 """
 
 from __future__ import annotations
@@ -57,13 +60,27 @@ def share_kv_heads(model: Any) -> None:
         pass                                            # keeps stock SDPA
 
 
+LOGPROB_MODES = ("tempered", "raw", "sampling")
+
+
+def behaviour_logits(logits: torch.Tensor, params: SamplingParams, mode: str) -> torch.Tensor:
+    """The logits whose log-softmax gives a sampled token's behaviour log-prob under ``mode`` (see the
+    module docstring): divided by the temperature (``tempered``), as they are (``raw``, and any greedy
+    decoding), or tempered and truncated as the sampler drew (``sampling``)."""
+    if mode == "raw" or params.temperature == 0:
+        return logits
+    if mode == "tempered":
+        return logits / params.temperature
+    return sampling_logits(logits, params)
+
+
 class HFPolicy:
     """A `Policy` around a transformers causal LM (optionally wrapped by PEFT)."""
 
     def __init__(self, model: Any, tokenizer: Any, *, device: str | torch.device = "cpu",
-                 logprobs: Literal["raw", "sampling"] = "raw"):
-        if logprobs not in ("raw", "sampling"):
-            raise ValueError(f"logprobs must be 'raw' or 'sampling', got {logprobs!r}")
+                 logprobs: Literal["tempered", "raw", "sampling"] = "tempered"):
+        if logprobs not in LOGPROB_MODES:
+            raise ValueError(f"logprobs must be one of {', '.join(LOGPROB_MODES)}, got {logprobs!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -84,7 +101,7 @@ class HFPolicy:
         lora: LoraConfig | None = None,
         gradient_checkpointing: bool = False,
         device: str | torch.device = "cpu",
-        logprobs: Literal["raw", "sampling"] = "raw",
+        logprobs: Literal["tempered", "raw", "sampling"] = "tempered",
         **model_kwargs: Any,
     ) -> "HFPolicy":
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -107,6 +124,11 @@ class HFPolicy:
                 target_modules=lora.target_modules, task_type="CAUSAL_LM"))
         model.eval()
         return cls(model, tokenizer, device=device, logprobs=logprobs)
+
+    def logprob_temperature(self, params: SamplingParams) -> float:
+        """The temperature of the distribution ``generate``'s log-probs are taken in under ``params``: the
+        sampling temperature, except in ``raw`` mode and when decoding greedily (then 1)."""
+        return 1.0 if self.logprobs_mode == "raw" or params.temperature == 0 else float(params.temperature)
 
     # ------------------------------------------------------------------ chat
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
@@ -304,9 +326,12 @@ def chunk_positions(batch: int, vocab: int, budget: int = SCORE_CHUNK_ELEMENTS) 
 
 
 def chunked_token_scores(model: Any, hidden: torch.Tensor, targets: torch.Tensor, *, top_m: int = 0,
-                         support_ids: torch.Tensor | None = None, chunk: int | None = None) -> ChunkedScores:
+                         support_ids: torch.Tensor | None = None, chunk: int | None = None,
+                         temperature: float = 1.0) -> ChunkedScores:
     """Token log-probs ``[b, T]`` of ``targets`` and top-M (or given-support) log-probs plus the tail, from
     final hidden states ``[b, T, H]``, never holding more than one chunk of vocabulary-sized logits.
+    ``temperature``: the distribution ``softmax(logits / temperature)`` (an importance ratio's current
+    log-probs at the rollout's temperature); 1 = the model's own.
 
     Under autograd each chunk is recomputed in the backward pass (see `chunked_over_positions`), so the
     backward too holds one chunk's logits at a time; only ``hidden`` and the small outputs are kept.
@@ -320,7 +345,8 @@ def chunked_token_scores(model: Any, hidden: torch.Tensor, targets: torch.Tensor
     wants_m = support_ids is not None or top_m > 0
 
     def one_chunk(h: torch.Tensor, target: torch.Tensor, support: torch.Tensor | None):
-        logp = torch.log_softmax(output_logits(model, h), dim=-1)
+        logits = output_logits(model, h)
+        logp = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)
         token = logp.gather(-1, target[..., None]).squeeze(-1)
         if not wants_m:
             return (token,)
@@ -555,8 +581,7 @@ class KVSession:
         base = self.mask.shape[1]  # slot of generated token j is base + j (when it is fed)
         for step in range(params.max_new_tokens):
             picked = draw(logits, params, words, step)
-            raw = policy.logprobs_mode == "raw" or params.temperature == 0
-            source = logits if raw else sampling_logits(logits, params)
+            source = behaviour_logits(logits, params, policy.logprobs_mode)
             picks.append(picked)
             logps.append(torch.log_softmax(source, dim=-1).gather(-1, picked[:, None]).squeeze(-1))
             produced += alive.long()

