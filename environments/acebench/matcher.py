@@ -70,16 +70,29 @@ def values_equal(got: Any, want: Any) -> bool:
 
 
 def _assign(got: list, want: list, equal) -> bool:
-    """Is there a one-to-one pairing of `got` and `want` under `equal`? (backtracking; lists are short)"""
+    """Is there a one-to-one pairing of `got` and `want` under `equal`?
+
+    A bipartite matching (augmenting paths, Kuhn's algorithm) over the table of `equal` for every pair:
+    at most len(want)**2 comparisons and O(n**3) steps. WHY not backtracking over orders: agent text picks
+    `got`, and a list of near-duplicates makes backtracking try every order before it fails (12 equal items
+    and one different: 12! orders). The comparisons run want-major (each answer item against every agent
+    item in order), so a caller that records reasons sees the first mismatch first."""
     if len(got) != len(want):
         return False
-    if not want:
-        return True
-    first, rest = want[0], want[1:]
-    for i, candidate in enumerate(got):
-        if equal(candidate, first) and _assign(got[:i] + got[i + 1:], rest, equal):
-            return True
-    return False
+    fits = [[i for i, candidate in enumerate(got) if equal(candidate, item)] for item in want]
+    owner: dict[int, int] = {}  # agent item -> the answer item it is paired with
+
+    def augment(j: int, seen: set[int]) -> bool:
+        for i in fits[j]:
+            if i in seen:
+                continue
+            seen.add(i)
+            if i not in owner or augment(owner[i], seen):
+                owner[i] = j
+                return True
+        return False
+
+    return all(augment(j, set()) for j in range(len(want)))
 
 
 def _call_mismatch(call: Call, name: str, params: dict) -> str | None:

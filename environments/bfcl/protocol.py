@@ -55,8 +55,7 @@ def _default_system_prompt() -> str:
 SYSTEM_PROMPT: str = _default_system_prompt()
 
 _THINK = re.compile(r"^\s*<think>.*?</think>", re.DOTALL)
-_FENCE = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n?(.*?)```", re.DOTALL)
-_OPEN_FENCE = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n?")
+_OPEN_FENCE = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n?")  # no lazy body: linear in the text
 _STARTS_A_CALL = re.compile(r"^(\[|\{|[A-Za-z_][\w.]*\()")  # `Sorry (none apply)` is prose, `f(` a call
 
 
@@ -109,12 +108,24 @@ def _after_open_fence(text: str) -> str:
     return text[opening.end():] if opening else text
 
 
+def _first_fenced_block(text: str) -> str | None:
+    """The content of the first closed fenced block (what `re.search(r"```[tag]*[ \\t]*\\n?(.*?)```")` finds),
+    or None. WHY not that regex: on a fence that never closes it backtracks quadratically (6 s for a
+    16,000-character reply cut at the token limit); here each opening is tried once and `str.find` looks
+    for its closing. Once an opening has no closing after it, no later opening can have one."""
+    opening = _OPEN_FENCE.search(text)
+    if opening is None:
+        return None
+    closing = text.find("```", opening.end())
+    return text[opening.end():closing] if closing >= 0 else None
+
+
 def _body(text: str) -> str:
     """The part of a reply that holds the answer: a closed fenced block's content, else what follows an
     unclosed opening fence, else the reply."""
-    fenced = _FENCE.search(text)
+    fenced = _first_fenced_block(text)
     if fenced is not None:
-        return fenced.group(1).strip()
+        return fenced.strip()
     return _after_open_fence(text).strip()
 
 

@@ -2,7 +2,10 @@
 
 The candidate and the tests never share a process (see `environments.code.sandbox.run_checked`), so
 the tests travel as data, not as code appended to the submission. Nothing here executes the
-submission; `ast.parse` only checks its syntax.
+submission; `agentgym_opd.bounded.parse_python` only checks its syntax, and turns every way Python's parser
+fails on hostile text (`MemoryError` on a long run of unary operators, `RecursionError` on a long chain
+of `+`, null bytes) into the same clear `parse_error`. Everything here is linear in the submission, whose
+length the env caps (`max_action_chars`).
 """
 
 from __future__ import annotations
@@ -10,10 +13,33 @@ from __future__ import annotations
 import ast
 import re
 
+from agentgym_opd.bounded import parse_python, UnparsableText
 from environments.code.datasets import CodeProblem
 from environments.code.sandboxed import wire
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_LANGUAGE = re.compile(r"[A-Za-z0-9_+-]*")
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language tag, body) of each fenced block: "```" + an info line, then the body up to the next "```"
+    or the end of the text (a fence cut at the stop string), in order.
+
+    WHY string operations and not one regex: `r"```[ \\t]*([tag]*)[^\\n]*\\n(.*?)(?:```|\\Z)"` backtracks
+    quadratically on a long info line with no newline ("```" + 16,000 spaces). Here every character is
+    looked at a bounded number of times; an opening with no newline after it ends the search (no later
+    opening has one either)."""
+    blocks, pos = [], 0
+    while (start := text.find("```", pos)) >= 0:
+        newline = text.find("\n", start + 3)
+        if newline < 0:
+            break
+        language = _LANGUAGE.match(text[start + 3:newline].lstrip(" \t")).group(0)
+        end = text.find("```", newline + 1)
+        blocks.append((language, text[newline + 1:] if end < 0 else text[newline + 1:end]))
+        if end < 0:
+            break
+        pos = end + 3
+    return blocks
 
 
 def extract_code(text: str) -> str:
@@ -22,7 +48,7 @@ def extract_code(text: str) -> str:
     The *last* block, because models that reason first put their final answer at the end. An unclosed
     fence (generation cut at the stop string) counts up to the end of the text.
     """
-    blocks = _FENCE.findall(text)
+    blocks = fenced_blocks(text)
     if not blocks:
         return text.strip("\n")
     python_blocks = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3")]
@@ -31,8 +57,8 @@ def extract_code(text: str) -> str:
 
 def _defines(code: str, name: str | None) -> bool:
     try:
-        tree = ast.parse(code)
-    except SyntaxError:
+        tree = parse_python(code)
+    except UnparsableText:
         return False
     return any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name for node in tree.body)
 
@@ -60,13 +86,9 @@ def candidate_source(problem: CodeProblem, code: str) -> str:
 def syntax_error(source: str) -> str | None:
     """A model-readable description of the first syntax error, or None when the code parses."""
     try:
-        ast.parse(source)
-    except SyntaxError as exc:
-        where = f"line {exc.lineno}" if exc.lineno else "somewhere"
-        text = (exc.text or "").rstrip()
-        return f"SyntaxError at {where}: {exc.msg}" + (f"\n    {text}" if text else "")
-    except (ValueError, MemoryError, RecursionError) as exc:  # null bytes, absurd nesting
-        return f"the code cannot be parsed: {exc}"
+        parse_python(source)
+    except UnparsableText as exc:
+        return exc.message
     return None
 
 
@@ -94,8 +116,8 @@ def reference_names(solution: str) -> list[str]:
     """The top-level functions, classes and variables of the reference solution: the names the tests
     expect the candidate to provide (see `plan_names` in the checker)."""
     try:
-        tree = ast.parse(solution)
-    except (SyntaxError, ValueError):
+        tree = parse_python(solution)
+    except UnparsableText:
         return []
     names = set()
     for node in tree.body:

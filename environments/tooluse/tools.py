@@ -38,9 +38,21 @@ UNITS_TO_KG = {"kg": 1.0, "g": 0.001, "lb": 0.45359237, "oz": 0.028349523125}
 ITEMS_PER_WORLD = 12
 
 
-@functools.lru_cache(maxsize=4096)
 def close_matches(word: str, candidates: tuple[str, ...], cutoff: float) -> tuple[str, ...]:
-    """difflib's close matches, memoised: models repeat the same wrong names, and difflib is the slow path."""
+    """difflib's close matches, memoised: models repeat the same wrong names, and difflib is the slow path.
+
+    A word too long to be close to any candidate is answered without difflib and without entering the
+    cache: difflib's ratio is 2*M / (len(word) + len(candidate)) with M <= len(candidate), so it stays below
+    `cutoff` once len(word) > len(candidate) * (2 / cutoff - 1). WHY: agent text picks the word, and a cache
+    of 4096 entries of 4,000-character names would hold 16 M characters for nothing."""
+    longest = max(map(len, candidates), default=0)
+    if cutoff <= 0 or len(word) <= longest * (2 / cutoff - 1):
+        return _close_matches(word, candidates, cutoff)
+    return ()
+
+
+@functools.lru_cache(maxsize=4096)
+def _close_matches(word: str, candidates: tuple[str, ...], cutoff: float) -> tuple[str, ...]:
     return tuple(difflib.get_close_matches(word, candidates, n=3, cutoff=cutoff))
 
 
