@@ -75,6 +75,9 @@ class ModelConfig:
                                        help="where a separate teacher (model.teacher) runs: in-process HF, or a "
                                             "vLLM engine scoring the student's ids with prompt log-probs")
     dtype: str = constrained("float32", choices=("float32", "bfloat16", "float16"))
+    autocast: str = constrained("none", choices=("none", "bfloat16", "float16"), help=(
+        "run every forward (rollouts, teacher scoring, the update) under torch.autocast to this dtype, weights "
+        "kept in model.dtype; bfloat16 is about 2x on a CPU with AVX512-BF16 (benchmarks/bench_smollm2_opd_step.py)"))
     device: str = constrained("auto", help="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     gguf_file: str | None = constrained(None, help="GGUF file inside the student folder, for GGUF checkpoints")
     lora_rank: int = constrained(0, ge=0, help="LoRA rank; 0 trains all weights")

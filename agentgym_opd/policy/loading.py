@@ -248,6 +248,10 @@ def load_student(name: str | None, model: Any, *, trainable: bool) -> Any:
     kwargs = {"gguf_file": model.gguf_file} if model.gguf_file else {}
     policy = HFPolicy.from_pretrained(model_path(name), dtype=model.dtype, lora=lora, device=resolve_device(model.device),
                                       **kwargs)
+    if getattr(model, "autocast", "none") != "none":
+        from agentgym_opd.policy.precision import enable_autocast
+
+        enable_autocast(policy.model, model.autocast)
     if not trainable:
         policy.model.requires_grad_(False)
     return policy
