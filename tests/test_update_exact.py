@@ -6,7 +6,10 @@ something to weigh. For each method: a fresh student takes ONE plain SGD step (n
 ``algorithm.update`` with micro-batch 1 and with micro-batch B; a third fresh student computes the loss
 as the paper's batch-level formula, written out below from model forwards and plain tensor algebra,
 and steps by hand. Loss and updated weights must agree to 1e-5. A wrong normaliser, a flipped KL
-direction, a flipped margin sign, a changed mix formula or a changed VPD reference all move them.
+direction, a flipped margin sign, a changed mix formula or a changed VPD reference all move them. The
+batch's behaviour log-probs are perturbed (a stale sampler), so GRPO's ratio is not 1 and part of it is
+clipped; GRPO, SDPO, SAGE-OPD and LOPD are checked to have a non-zero loss (an all-zero loss would make the
+comparison say nothing about the loss's value). LOPD's bank holds experiences of tasks outside the batch.
 """
 
 from __future__ import annotations
@@ -58,6 +61,11 @@ def batch():
         episode.turns[1].error = None
         episode.turns[2].error = StepError("env_crash", "the backend died")
     assert [len(e.turns) for e in batch.episodes] == [3, 3, 3, 3]
+    # the behaviour policy was slightly stale: ratios differ from 1 (some beyond the clip range), so the
+    # clipped surrogate's loss is not 0 even where every rollout has as many agent tokens as its sibling
+    generator = torch.Generator().manual_seed(7)
+    batch.behaviour_logprobs = batch.behaviour_logprobs + 0.3 * torch.randn(batch.behaviour_logprobs.shape,
+                                                                            generator=generator) * batch.loss_mask
     return batch
 
 
@@ -178,7 +186,8 @@ def test_grpo_step_is_the_clipped_surrogate_with_its_aggregation(batch, aggregat
             return (per_token * mask).sum() / mask.sum()
         return ((per_token * mask).sum(1) / mask.sum(1)).mean()
 
-    check_method(GRPO, {"aggregation": aggregation}, batch, hand)
+    loss, metrics = check_method(GRPO, {"aggregation": aggregation}, batch, hand)
+    assert abs(loss) > 1e-3 and 0 < metrics["clip_fraction"] < 1  # a real signal, partly clipped
 
 
 def test_opd_step_is_the_token_mean_reverse_kl_to_the_teacher(batch, teacher_path):
@@ -222,7 +231,8 @@ def test_sdpo_step_is_the_mix_of_grpo_and_distillation_over_kept_rows(batch):
         pg = (-torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv) * mask).sum() / mask.sum()
         return (1 - w) * pg + w * distill
 
-    check_method(SDPO, {"distill_weight": w}, batch, hand)
+    loss, metrics = check_method(SDPO, {"distill_weight": w}, batch, hand)
+    assert abs(metrics["pg_loss"]) > 1e-3 and metrics["distill_loss"] > 1e-3 and abs(loss) > 1e-3
 
 
 def test_sage_opd_step_is_z_times_the_turn_weighted_opd_loss_over_the_whole_batch(batch, teacher_path):
@@ -243,7 +253,8 @@ def test_sage_opd_step_is_z_times_the_turn_weighted_opd_loss_over_the_whole_batc
         z = n / s.sum()  # the weighted token count equals OPD's
         return z * (s * reverse_kl(logits, teacher)).sum() / n
 
-    _, metrics = check_method(SAGEOPD, {"judge": "errors_only", "alpha": alpha}, batch, hand, teacher_path)
+    loss, metrics = check_method(SAGEOPD, {"judge": "errors_only", "alpha": alpha}, batch, hand, teacher_path)
+    assert loss > 1e-3
     assert metrics["turns_error_forced"] == 4 and metrics["turns_defaulted"] == 8  # env faults are not Strong
 
 
@@ -289,7 +300,8 @@ def test_lopd_step_is_reverse_kl_on_student_top_m_with_tail_plus_the_margin_term
         gaps["gap"] = float(gap)
         return distill + beta * (margin - gap)
 
-    _, metrics = check_method(LOPD, config, batch, hand, prepare=bank)
+    loss, metrics = check_method(LOPD, config, batch, hand, prepare=bank)
+    assert abs(loss) > 1e-3 and metrics["distill_loss"] > 1e-3 and metrics["margin_weight"] > 0.5
     assert metrics["margin_gap"] == pytest.approx(gaps["gap"], abs=TOL)
     assert metrics["beta"] == pytest.approx(max(0.0, beta + eta * (margin - gaps["gap"])), abs=TOL)
 
