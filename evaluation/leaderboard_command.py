@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "stamp":
             return _stamp(board, args)
         if args.action == "import-bench":
-            from evaluation.bench_import import import_bench
+            from evaluation.bench.publish import import_bench
 
             import_bench(args.output_dir, board, command=args.command.split() if args.command else None,
                          episodes=args.episodes)

@@ -59,7 +59,7 @@ def run_family(env_id: str, policy: str, episodes: int, out: Path) -> None:
 
 
 def table(out: Path) -> str:
-    from evaluation.bench_stats import proportion_cell
+    from evaluation.bench.stats import proportion_cell
 
     lines = ["| env | n | success (95% CI) | score | turns | parser | turn cap / tokens | wall s | tokens/s | "
              "errors per turn |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -60,7 +60,7 @@ def choose(points: list[dict]) -> dict | None:
 def point_settings(algo: str, point: dict, args: argparse.Namespace, out: Path):
     """The bench settings of one sweep point: that algorithm alone, evaluated on valid_seen (and its training
     tasks) only, without the reference rows (they do not depend on the point)."""
-    from evaluation.bench import BenchSettings
+    from evaluation.bench.settings import BenchSettings
 
     # the point's lr and temperature go in last, after the bench's tuned per-algorithm defaults (TUNED_OVERRIDES),
     # which would otherwise replace them
@@ -76,7 +76,8 @@ def point_settings(algo: str, point: dict, args: argparse.Namespace, out: Path):
 
 
 def run_point(algo: str, point: dict, args: argparse.Namespace, out: Path) -> float | None:
-    from evaluation.bench import mean_success, run_bench
+    from evaluation.bench.pipeline import run_bench
+    from evaluation.bench.results import mean_success
 
     summary = run_bench(point_settings(algo, point, args, out))
     if summary["failures"]:

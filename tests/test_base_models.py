@@ -10,10 +10,9 @@ import pytest
 
 from agentgym_opd.distill import CONTEXT_HEADER, privileged_text
 from agentgym_opd.registry import make
-from evaluation.base_models import (
-    STUDENT_SPEC, TEACHER_SPEC, BaseModelSpec, build_base_model, choose_kind, context_plan, ensure_base_model,
-    learning_rate, with_mistakes,
-)
+from evaluation.bench.base_data import choose_kind, context_plan, with_mistakes
+from evaluation.bench.base_models import STUDENT_SPEC, TEACHER_SPEC, BaseModelSpec, build_base_model, ensure_base_model
+from evaluation.bench.base_training import learning_rate
 
 MINI = BaseModelSpec("mini", hidden=16, layers=1, heads=2, steps=2, batch_size=2, warmup_steps=1, train_tasks=6,
                      context_share=0.5, max_turns=40)
@@ -89,7 +88,7 @@ def test_mistakes_are_rejected_by_the_env_and_masked_out_of_the_loss():
     assert seen_mistake
 
     from agentgym_opd.policy.scripted import TemplateTokens
-    from evaluation.base_models import training_examples
+    from evaluation.bench.base_data import training_examples
 
     spec = dataclasses.replace(MINI, train_tasks=8, context_share=0.0, mistake_share=1.0)
     plain = dataclasses.replace(spec, mistake_share=0.0)
@@ -105,7 +104,7 @@ def test_student_histories_are_masked_and_the_expert_takes_over_where_the_studen
     """history_share: the episode opens with a student's own sampled turns (masked out of the loss) and goes on
     with the observable expert's continuation from that state, which solves the task."""
     from agentgym_opd.policy.scripted import TemplateTokens
-    from evaluation.base_models import after_student, training_examples
+    from evaluation.bench.base_data import after_student, training_examples
 
     env = make("household/train", num_tasks=20, max_turns=40)
     rng = random.Random(5)
@@ -157,7 +156,7 @@ def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     assert (first.parent / "spec.json").is_file() and MINI.key() in first.parent.name
     # the folder names itself as the bench's records name it; a folder cached before the name file gets it
     from agentgym_opd.policy.loading import MODEL_NAME_FILE, resolve_policy
-    from evaluation.base_models import base_label
+    from evaluation.bench.base_models import base_label
 
     assert resolve_policy(str(first)).student == base_label(MINI) == "household-mini-16x1-2steps"
     (first / MODEL_NAME_FILE).unlink()
@@ -171,7 +170,7 @@ def test_unpadded_rows_give_the_padded_batch_gradient(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from evaluation.base_models import accumulate_batch_gradient
+    from evaluation.bench.base_training import accumulate_batch_gradient
 
     out = build_base_model(dataclasses.replace(MINI, steps=0), tmp_path / "m", progress=False)
     rows = [([5, 9, 12, 7, 30, 31], [0, 0, 0, 1, 1, 1]), ([5, 9, 40, 41, 42, 8, 9, 10, 11], [0, 0, 0, 0, 1, 1, 0, 1, 1])]
@@ -200,7 +199,7 @@ def test_unpadded_rows_give_the_padded_batch_gradient(tmp_path):
 
 
 def test_token_weights_mark_each_actions_first_token():
-    from evaluation.base_models import token_weights
+    from evaluation.bench.base_training import token_weights
 
     assert token_weights([0, 1, 1, 0, 0, 1, 1, 1], 5.0) == [0, 5.0, 1, 0, 0, 5.0, 1, 1]
     assert token_weights([1, 1, 0], 1.0) == [1, 1, 0]
@@ -209,7 +208,10 @@ def test_token_weights_mark_each_actions_first_token():
 def test_probe_sorts_every_expert_action_into_one_decision_kind(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from evaluation.base_model_probe import decision_kind, format_probe, probe
+    from probe_scripts import import_probe
+
+    base_model_probe = import_probe("base_model_probe")
+    decision_kind, format_probe, probe = base_model_probe.decision_kind, base_model_probe.format_probe, base_model_probe.probe
 
     assert decision_kind("go to cabinet 2", 3, "You arrive at x. Next to it, you see the cabinet 2.", "g") == "go_neighbour"
     assert decision_kind("go to drawer 1", 5, "You pick up the cup 1.", "put some cup in drawer 1") == "go_target"

@@ -10,10 +10,9 @@ import sys
 
 import pytest
 
-from evaluation import base_models
-from evaluation.base_models import (
-    STUDENT_SPEC, TEACHER_SPEC, BaseModelSpec, base_label, build_base_model, ensure_base_model, shipped_model_dir,
-)
+from evaluation.bench import base_models
+from evaluation.bench.base_models import (STUDENT_SPEC, TEACHER_SPEC, BaseModelSpec, base_label, build_base_model,
+                                          ensure_base_model, shipped_model_dir)
 
 MINI = BaseModelSpec("mini", hidden=16, layers=1, heads=2, steps=2, batch_size=2, warmup_steps=1, train_tasks=6,
                      context_share=0.5, max_turns=40)
@@ -65,7 +64,7 @@ def test_check_says_identical_for_a_bit_identical_rebuild_and_compares_by_evalua
     import torch
     from safetensors.torch import load_file, save_file
 
-    from evaluation import base_pair_command
+    from evaluation.bench import base_pair_command
 
     monkeypatch.setenv("AGENTGYM_OPD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(base_models, "SHIPPED_PAIR_DIR", tmp_path / "shipped")
@@ -91,7 +90,8 @@ def test_check_says_identical_for_a_bit_identical_rebuild_and_compares_by_evalua
 
 
 def test_the_bench_forecasts_the_build_only_for_a_pair_it_must_build(tmp_path, monkeypatch):
-    from evaluation.bench import BaseModelJob, BenchSettings, _steps_done, base_build_estimate
+    from evaluation.bench.jobs import BaseModelJob, _steps_done
+    from evaluation.bench.settings import BenchSettings, base_build_estimate
 
     settings = BenchSettings.full()
     assert base_build_estimate(settings, teacher=True, workers=2) == 0.0  # the shipped pair

@@ -171,8 +171,9 @@ def test_base_pair_rows_context_row_intervals_and_paired_tables(base_run):
 
 
 def test_the_base_pair_path_plays_every_env_with_the_status_line_it_was_trained_with():
-    from evaluation.base_models import STUDENT_SPEC, base_env_args
-    from evaluation.bench import BenchSettings, eval_env_args
+    from evaluation.bench.base_models import STUDENT_SPEC, base_env_args
+    from evaluation.bench.episodes import eval_env_args
+    from evaluation.bench.settings import BenchSettings
 
     assert base_env_args(STUDENT_SPEC) == {"status_line": True, "goal_in_view": True, "turn_counter": True}
     base = BenchSettings.full(base_models="auto")
@@ -186,7 +187,7 @@ def test_the_base_pair_path_plays_every_env_with_the_status_line_it_was_trained_
 
 
 def test_seeds_reads_a_count_or_a_list_and_names_the_fix_for_seed_zero():
-    from evaluation.bench_command import _seeds
+    from evaluation.bench.command import _seeds
 
     assert _seeds("3") == [0, 1, 2] and _seeds("0,3") == [0, 3] and _seeds("0,") == [0]
     with pytest.raises(ValueError, match="--seeds 1"):
@@ -198,8 +199,8 @@ def test_a_teacher_that_learns_from_the_students_turns_learns_from_this_benchs_s
     that student's rollouts, not from the default student's (and so gets its own cache key)."""
     import dataclasses
 
-    from evaluation import base_models
-    from evaluation.bench import BenchSettings
+    from evaluation.bench import base_models
+    from evaluation.bench.settings import BenchSettings
 
     monkeypatch.setattr(base_models, "TEACHER_SPEC", dataclasses.replace(
         base_models.TEACHER_SPEC, history_share=0.5, history_model=base_models.STUDENT_SPEC))

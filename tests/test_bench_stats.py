@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from evaluation.bench_stats import (binomial_cdf, clopper_pearson, format_difference, mcnemar_exact_p, paired_difference,
+from evaluation.bench.stats import (binomial_cdf, clopper_pearson, format_difference, mcnemar_exact_p, paired_difference,
                                     proportion_cell, wilson_interval)
 
 

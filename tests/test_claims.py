@@ -2,7 +2,7 @@
 
 import pytest
 
-from evaluation.claims import CLAIMS, check_claims, curve_success, format_claims, verdict
+from evaluation.bench.claims import CLAIMS, check_claims, curve_success, format_claims, verdict
 
 ENV = "household/valid_unseen"
 

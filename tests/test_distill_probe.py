@@ -7,8 +7,11 @@ from agentgym_opd.policy.hf import HFPolicy
 from agentgym_opd.policy.tiny import default_tiny_model
 from agentgym_opd.registry import make
 from agentgym_opd.rollout import RolloutEngine
-from evaluation.distill_probe import divergence_to_teacher, probe
+from probe_scripts import import_probe
 from tiny_rollouts import perturbed_tiny_teacher
+
+distill_probe = import_probe("distill_probe")
+divergence_to_teacher, probe = distill_probe.divergence_to_teacher, distill_probe.probe
 
 
 def _pair():

@@ -254,7 +254,8 @@ def test_bench_tasks_are_each_seeds_block_exactly_as_the_bench_evaluates_it(tmp_
     the bench's task for task), sizing the split as the bench does; without it every seed plays the same
     evenly spread tasks."""
     import agentgym_opd
-    from evaluation.bench import BenchSettings, eval_task_ids
+    from evaluation.bench.episodes import eval_task_ids
+    from evaluation.bench.settings import BenchSettings
     from evaluation.policy_eval import seed_tasks
     from evaluation.runner import bench_split_args
 

@@ -370,7 +370,7 @@ def test_demonstration_replay_succeeds_within_the_turn_limit(envs):
 
 
 def test_the_train_demonstrations_are_the_ones_the_cached_base_models_learned_from():
-    """Every cached base model (`evaluation.base_models`, keyed by its settings, not by this code) was trained on
+    """Every cached base model (`evaluation.bench.base_models`, keyed by its settings, not by this code) was trained on
     these 2000 demonstrations: a change to the expert must bump BUILD_VERSION, and this pin says so."""
     import hashlib
     import json

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from agentgym_opd.policy.hf import HFPolicy
 from agentgym_opd.policy.tiny import default_tiny_model
-from evaluation.label_probe import CLASSES, probe
+from probe_scripts import import_probe
 from tiny_rollouts import perturbed_tiny_teacher
+
+label_probe = import_probe("label_probe")
+CLASSES, probe = label_probe.CLASSES, label_probe.probe
 
 
 def test_a_greedy_student_is_its_own_teachers_every_label():
@@ -32,7 +35,8 @@ def test_a_label_is_judged_in_the_state_the_student_left():
     start and rejected once the student already went there."""
     from agentgym_opd.action_parsing import get_parser
     from agentgym_opd.registry import env_protocol, make
-    from evaluation.label_probe import label_rejected
+
+    label_rejected = label_probe.label_rejected
 
     env = make("household/train", max_turns=8)
     task = env.task_ids()[0]

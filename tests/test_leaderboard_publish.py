@@ -100,8 +100,8 @@ def test_weights_hash_follows_the_weights():
     (False, ["--base-models", "off", "--no-references", "--algos", "opd"]),
 ])
 def test_bench_command_rebuilt_from_settings_means_the_same_settings(quick, flags):
-    from evaluation.bench_command import add_arguments, settings_from_args
-    from evaluation.bench_import import bench_command
+    from evaluation.bench.command import add_arguments, settings_from_args
+    from evaluation.bench.publish import bench_command
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -385,7 +385,8 @@ def finished_bench(tmp_path: Path, rows: list[tuple[str, int]]) -> Path:
     no models in it: the tests below stand in for the checkpoints (see `no_models`)."""
     import dataclasses
 
-    from evaluation.bench import BenchSettings, bench_section
+    from evaluation.bench.results import bench_section
+    from evaluation.bench.settings import BenchSettings
 
     out = tmp_path / "bench"
     settings = BenchSettings.quick(base_models="off", algos=["grpo"], output_dir=str(out))
@@ -402,8 +403,8 @@ def finished_bench(tmp_path: Path, rows: list[tuple[str, int]]) -> Path:
 def no_models(monkeypatch):
     """import-bench without checkpoints: no model is loaded (no weights hash) and no episode replayed; the
     calls are counted."""
-    import evaluation.bench
-    import evaluation.bench_import
+    import evaluation.bench.episodes
+    import evaluation.bench.publish
 
     calls = {"load": 0, "replay": 0}
 
@@ -414,9 +415,9 @@ def no_models(monkeypatch):
         calls["replay"] += 1
         return []
 
-    monkeypatch.setattr(evaluation.bench, "load_frozen_policy", load)
-    monkeypatch.setattr(evaluation.bench_import, "checkpoint_of", lambda out, record, settings: out / record["algorithm"])
-    monkeypatch.setattr(evaluation.bench_import, "replay_traces", replay)
+    monkeypatch.setattr(evaluation.bench.episodes, "load_frozen_policy", load)
+    monkeypatch.setattr(evaluation.bench.publish, "checkpoint_of", lambda out, record, settings: out / record["algorithm"])
+    monkeypatch.setattr(evaluation.bench.publish, "replay_traces", replay)
     return calls
 
 

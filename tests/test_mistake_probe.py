@@ -7,7 +7,10 @@ from agentgym_opd.policy.hf import HFPolicy
 from agentgym_opd.policy.tiny import default_tiny_model
 from agentgym_opd.registry import make
 from agentgym_opd.rollout import RolloutEngine
-from evaluation.mistake_probe import MistakenPolicy, mistaken
+from probe_scripts import import_probe
+
+mistake_probe = import_probe("mistake_probe")
+MistakenPolicy, mistaken = mistake_probe.MistakenPolicy, mistake_probe.mistaken
 
 
 def test_a_mistake_moves_the_first_number_on():

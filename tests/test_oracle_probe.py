@@ -7,8 +7,10 @@ import pytest
 from agentgym_opd.policy.hf import HFPolicy
 from agentgym_opd.policy.tiny import default_tiny_model
 from agentgym_opd.registry import make
-from evaluation.base_models import action_spans
-from evaluation.oracle_probe import oracle_examples
+from evaluation.bench.base_training import action_spans
+from probe_scripts import import_probe
+
+oracle_examples = import_probe("oracle_probe").oracle_examples
 
 
 def test_first_labels_are_the_experts_one_action_at_the_students_state():

@@ -54,8 +54,8 @@ def test_the_bench_command_is_an_evaluation_entry_point_like_eval():
     import tomllib
 
     commands = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["agentgym_opd.commands"]
-    assert commands["bench"] == "evaluation.bench_command" and commands["eval"] == "evaluation.eval_command"
-    import evaluation.bench_command as bench
+    assert commands["bench"] == "evaluation.bench.command" and commands["eval"] == "evaluation.eval_command"
+    import evaluation.bench.command as bench
 
     assert bench.HELP and callable(bench.add_arguments) and callable(bench.run)
     assert not (ROOT / "agentgym_opd" / "commands" / "bench.py").exists()

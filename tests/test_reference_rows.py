@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from agentgym_opd.policy.tiny import default_tiny_model
-from evaluation.bench import BenchSettings, eval_env_args, eval_task_ids, evaluate_policy, load_frozen_policy
-from evaluation.reference_rows import main, reference_rows
+from evaluation.bench.episodes import eval_env_args, eval_task_ids, evaluate_policy, load_frozen_policy
+from evaluation.bench.reference_rows import main, reference_rows
+from evaluation.bench.settings import BenchSettings
 
 SPLIT = "household/valid_unseen"
 

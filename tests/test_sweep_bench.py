@@ -35,7 +35,7 @@ def test_choice_reads_valid_seen_and_ignores_anything_else():
 
 
 def test_a_point_trains_one_algorithm_from_the_base_pair_and_never_evaluates_valid_unseen(tmp_path):
-    from evaluation.bench import evaluation_envs, resolved_curve_env
+    from evaluation.bench.settings import evaluation_envs, resolved_curve_env
 
     args = sweep.parse_args(["--algos", "opd", "--lrs", "5e-5,1e-4", "--temperatures", "1.0",
                              "--knob", "algo.divergence=reverse_kl", "--episodes-per-step", "8"])
@@ -46,7 +46,7 @@ def test_a_point_trains_one_algorithm_from_the_base_pair_and_never_evaluates_val
     assert settings.base_models == "auto" and not settings.references and settings.episodes_per_step == 8
     assert settings.algo_overrides == {"opd": ["algo.divergence=reverse_kl", "train.lr=5e-05", "rollout.temperature=1.0"]}
     # a point's lr beats the bench's tuned per-algorithm lr, which the run's overrides apply before it
-    from evaluation.bench import run_overrides
+    from evaluation.bench.training import run_overrides
 
     sft = sweep.point_settings("sft", {"lr": 1e-3, "temperature": 1.0}, args, tmp_path)
     config = run_overrides(sft, "sft", seed=0, run_dir=tmp_path, student="s", teacher=None, needs_teacher=False,
@@ -57,7 +57,8 @@ def test_a_point_trains_one_algorithm_from_the_base_pair_and_never_evaluates_val
 
 
 def test_the_bench_defaults_hold_a_swept_lr_for_every_registered_algorithm():
-    from evaluation.bench import TUNED_OVERRIDES, BenchSettings, run_overrides
+    from evaluation.bench.settings import TUNED_OVERRIDES, BenchSettings
+    from evaluation.bench.training import run_overrides
 
     assert set(TUNED_OVERRIDES) == set(algorithm_registry.ids())
     base, off = BenchSettings.full(), BenchSettings.full(base_models="off")

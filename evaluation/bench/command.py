@@ -87,7 +87,7 @@ def _seeds(text: str) -> list[int]:
 def settings_from_args(args: argparse.Namespace):
     """The :class:`evaluation.bench.BenchSettings` that these flags mean (--quick first, flags on top)."""
     from agentgym_opd.config import parse_key_values
-    from evaluation.bench import BenchSettings
+    from evaluation.bench.settings import BenchSettings
 
     changes: dict = {}
     simple = {"steps": "steps", "episodes_per_step": "episodes_per_step", "group_size": "group_size", "lr": "lr",
@@ -138,7 +138,8 @@ def settings_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from agentgym_opd.config import ConfigError
-    from evaluation.bench import BenchError, run_bench
+    from evaluation.bench.pipeline import run_bench
+    from evaluation.bench.settings import BenchError
 
     started = time.perf_counter()
     try:

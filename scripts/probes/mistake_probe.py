@@ -7,7 +7,7 @@ and, with probability ``rate`` per turn, changes the first number in the action 
 from shelf 1" becomes "take cup 3 from shelf 1"), which the env usually rejects; the history then carries
 the mistake, as a student's would. Success at rate 0 is the plain greedy evaluation:
 
-    python -m evaluation.mistake_probe PATH/TO/MODEL --split valid_seen --tasks 60 --rates 0,0.1,0.25
+    python scripts/probes/mistake_probe.py PATH/TO/MODEL --split valid_seen --tasks 60 --rates 0,0.1,0.25
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from agentgym_opd.policy.hf import HFPolicy
-    from evaluation import base_models
+    from evaluation.bench import base_models
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="a household model folder (e.g. a base model's .../model)")

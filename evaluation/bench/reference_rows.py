@@ -6,7 +6,7 @@ This evaluates a model folder exactly as the bench's reference jobs do (greedy, 
 the base pair's env options, each seed's own block of held-out tasks), without and with each task's privileged
 context in its prompt, in about a minute on one core:
 
-    python -m evaluation.reference_rows PATH/TO/MODEL [--split household/valid_unseen] [--seeds 0,1,2]
+    python -m evaluation.bench.reference_rows PATH/TO/MODEL [--split household/valid_unseen] [--seeds 0,1,2]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class ReferenceRows:
 
 def reference_rows(model: str, settings: Any, env_id: str) -> ReferenceRows:
     """The bench's two reference rows of ``model`` on ``env_id``: every seed's tasks, played once each."""
-    from evaluation.bench import evaluate_every_seed, load_frozen_policy
+    from evaluation.bench.episodes import evaluate_every_seed, load_frozen_policy
 
     policy = load_frozen_policy(model, settings)
     rows = []
@@ -47,7 +47,7 @@ def reference_rows(model: str, settings: Any, env_id: str) -> ReferenceRows:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from evaluation.bench import BenchSettings
+    from evaluation.bench.settings import BenchSettings
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="the student's model folder (e.g. a base model's .../model)")

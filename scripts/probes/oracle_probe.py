@@ -12,7 +12,7 @@ will at this budget, and the student is what limits OPD. Two controls keep the u
 * ``--labels continuation``: the expert's whole continuation from there (the later turns are its own states);
 * ``--labels demonstration``: the expert's demonstrations of the same tasks (plain SFT, no student states).
 
-    python -m evaluation.oracle_probe STUDENT_MODEL --rollouts 128 --cuts 4 --steps 32 --lr 3e-4 --labels first
+    python scripts/probes/oracle_probe.py STUDENT_MODEL --rollouts 128 --cuts 4 --steps 32 --lr 3e-4 --labels first
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def oracle_examples(policy: Any, task_ids: list[str], *, labels: str, cuts: int,
     """(token ids, loss mask) rows: ``cuts`` per task of the student's own sampled rollout, with the expert's
     labels per ``labels`` (one row per task for ``demonstration``)."""
     from agentgym_opd.registry import make
-    from evaluation.base_models import action_spans, after_student, sampled_turns, scripted_example
+    from evaluation.bench.base_data import after_student, sampled_turns, scripted_example
+    from evaluation.bench.base_training import action_spans
 
     if labels not in LABELS:
         raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")
@@ -61,9 +62,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from agentgym_opd.policy.hf import HFPolicy
     from agentgym_opd.registry import make
-    from evaluation import base_models
-    from evaluation.bench import BenchSettings
-    from evaluation.mistake_probe import success_with_mistakes
+    from evaluation.bench import base_models
+    from evaluation.bench.base_training import accumulate_batch_gradient
+    from evaluation.bench.settings import BenchSettings
+    from mistake_probe import success_with_mistakes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("student", help="the student's model folder (e.g. a base model's .../model)")
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(1, args.steps + 1):
         policy.model.train()
         optimiser.zero_grad(set_to_none=True)
-        base_models.accumulate_batch_gradient(policy.model, order.sample(rows, min(8, len(rows))))
+        accumulate_batch_gradient(policy.model, order.sample(rows, min(8, len(rows))))
         torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
         optimiser.step()
         if step % max(1, args.steps // 2) == 0:

@@ -1,6 +1,6 @@
 """`agentgym-opd base-pair [show | build | check]`: the household base pair that the bench starts from.
 
-The default pair (a student and a larger teacher, `evaluation.base_models.STUDENT_SPEC` / `TEACHER_SPEC`)
+The default pair (a student and a larger teacher, `evaluation.bench.base_models.STUDENT_SPEC` / `TEACHER_SPEC`)
 ships with the repository, so a fresh clone's bench starts at once. This command makes the shipped files
 checkable rather than trusted:
 
@@ -39,14 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _specs(only: str | None) -> dict:
-    from evaluation.base_models import STUDENT_SPEC, TEACHER_SPEC
+    from evaluation.bench.base_models import STUDENT_SPEC, TEACHER_SPEC
 
     specs = {"student": STUDENT_SPEC, "teacher": TEACHER_SPEC}
     return {role: spec for role, spec in specs.items() if only in (None, role)}
 
 
 def show() -> int:
-    from evaluation.base_models import base_label, base_model_dir, cached_base_model, shipped_model_dir
+    from evaluation.bench.base_models import base_label, base_model_dir, cached_base_model, shipped_model_dir
 
     for role, spec in _specs(None).items():
         used = cached_base_model(spec)
@@ -67,7 +67,7 @@ def _build_one(role: str, progress_file: str) -> str:
     torch.set_num_threads(1)
     from transformers.utils import logging as hf_logging
 
-    from evaluation.base_models import ensure_base_model
+    from evaluation.bench.base_models import ensure_base_model
 
     hf_logging.disable_progress_bar()
     return str(ensure_base_model(_specs(role)[role], progress=False, shipped=False, progress_file=Path(progress_file),
@@ -90,7 +90,7 @@ def build(only: str | None, jobs: int, progress: bool) -> int:
 
     from tqdm import tqdm
 
-    from evaluation.base_models import estimated_build_seconds
+    from evaluation.bench.base_models import estimated_build_seconds
 
     specs = _specs(only)
     if jobs < 1:
@@ -98,7 +98,7 @@ def build(only: str | None, jobs: int, progress: bool) -> int:
         return 2
     estimates = {role: estimated_build_seconds(spec) for role, spec in specs.items()}
     total = max(estimates.values()) if jobs > 1 else sum(estimates.values())
-    print(f"rebuilding {', '.join(specs)} from the recipe in evaluation/base_models.py into the cache "
+    print(f"rebuilding {', '.join(specs)} from the recipe in evaluation/bench/base_models.py into the cache "
           f"(the shipped files stay as they are); ~{total / 60:.0f} min on 2 cores", file=sys.stderr, flush=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="base-pair-") as tmp, \
@@ -138,7 +138,8 @@ def weights_identical(a, b) -> tuple[bool, float]:
 
 def held_out_outcomes(model, episodes: int) -> dict[tuple[int, str], float]:
     """Greedy success per task of one model folder on the bench's first ``episodes`` valid_unseen tasks."""
-    from evaluation.bench import BenchSettings, eval_env_args, evaluate_policy, load_frozen_policy, make_env
+    from evaluation.bench.episodes import eval_env_args, evaluate_policy, load_frozen_policy, make_env
+    from evaluation.bench.settings import BenchSettings
 
     settings = BenchSettings.full(seeds=[0], eval_episodes=episodes, progress=False)
     env_id = "household/valid_unseen"
@@ -149,8 +150,8 @@ def held_out_outcomes(model, episodes: int) -> dict[tuple[int, str], float]:
 
 
 def check(only: str | None, episodes: int) -> int:
-    from evaluation.base_models import base_model_dir, shipped_model_dir
-    from evaluation.bench_stats import format_difference, paired_difference
+    from evaluation.bench.base_models import base_model_dir, shipped_model_dir
+    from evaluation.bench.stats import format_difference, paired_difference
 
     agree = True
     for role, spec in _specs(only).items():
@@ -158,7 +159,7 @@ def check(only: str | None, episodes: int) -> int:
         missing = [str(p) for p in (shipped, rebuilt) if not (p / "model.safetensors").is_file()]
         if missing:
             print(f"error: household-{role}: no model in {', '.join(missing)}; run `agentgym-opd base-pair build` "
-                  "first (and keep the shipped files of evaluation/base_pair)", file=sys.stderr)
+                  "first (and keep the shipped files of evaluation/bench/base_pair)", file=sys.stderr)
             return 2
         same, worst = weights_identical(shipped, rebuilt)
         if same:

@@ -1,7 +1,7 @@
 """The papers' headline claims (``../shared/METHODS.md``) checked against one bench run, with a plain verdict.
 
 Each claim is a comparison the bench can make on its held-out split: a method against a baseline on
-success (paired over the same seeds and tasks, `evaluation.bench_stats.paired_difference`), on turns, or
+success (paired over the same seeds and tasks, `evaluation.bench.stats.paired_difference`), on turns, or
 at a fraction of the baseline's rollout budget (the training curves). The verdict reads the 95% interval
 of the difference against zero and against the gain the paper reports:
 
@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from evaluation.bench_stats import Z95
+from evaluation.bench.stats import Z95
 
 HELD_OUT = "household/valid_unseen"
 

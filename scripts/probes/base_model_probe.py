@@ -8,7 +8,7 @@ accuracy per kind of decision, which separates the decisions that read only the 
 what is closed, go to the neighbour it names) from those that need the goal or an earlier turn (take the
 wanted object, go to the target or the appliance, put or treat the object in hand):
 
-    python -m evaluation.base_model_probe PATH/TO/MODEL --split valid_unseen --tasks 60
+    python scripts/probes/base_model_probe.py PATH/TO/MODEL --split valid_unseen --tasks 60
 """
 
 from __future__ import annotations
@@ -48,15 +48,16 @@ def probe(model: Any, tokenizer: Any, *, split: str = "valid_unseen", tasks: int
     import torch
 
     from agentgym_opd.policy.hf import HFPolicy
-    from evaluation import base_models
-    from evaluation.base_models import action_spans
+    from evaluation.bench import base_models
+    from evaluation.bench.base_data import training_examples
+    from evaluation.bench.base_training import action_spans
 
     spec = dataclasses.replace(base_models.STUDENT_SPEC, train_tasks=tasks, context_share=0.0)
     if env_args is not None:
         spec = dataclasses.replace(spec, status_line=bool(env_args.get("status_line")),
                                    goal_in_view=bool(env_args.get("goal_in_view")),
                                    turn_counter=bool(env_args.get("turn_counter")))
-    examples = base_models.training_examples(HFPolicy(model, tokenizer), spec, env_id=f"household/{split}")
+    examples = training_examples(HFPolicy(model, tokenizer), spec, env_id=f"household/{split}")
     total, right = collections.Counter(), collections.Counter()
     model.eval()
     with torch.no_grad():

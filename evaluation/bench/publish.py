@@ -41,7 +41,7 @@ NO_FLAG = ("eval_points", "eval_seed", "warm_lr", "warm_context_fraction", "teac
 
 def bench_command(settings: dict[str, Any]) -> list[str]:
     """The `agentgym-opd bench` argv that means these settings (``--quick`` when it is the closer base)."""
-    from evaluation.bench import BenchSettings
+    from evaluation.bench.settings import BenchSettings
 
     quick = BenchSettings.quick(env=settings["env"]).__dict__
     full = BenchSettings.full(env=settings["env"]).__dict__
@@ -78,10 +78,11 @@ def bench_command(settings: dict[str, Any]) -> list[str]:
 
 def reference_model(out: Path, name: str, settings: Any) -> Path:
     """The warm start's or the teacher's model folder: the cached base pair, or the bench's own SFT run."""
-    from evaluation.bench import final_model_dir, uses_base_models
+    from evaluation.bench.settings import uses_base_models
+    from evaluation.bench.training import final_model_dir
 
     if uses_base_models(settings):
-        from evaluation.base_models import cached_base_model
+        from evaluation.bench.base_models import cached_base_model
 
         student, teacher = settings.base_specs()
         model = cached_base_model(teacher if name == "teacher" else student)
@@ -94,7 +95,7 @@ def reference_model(out: Path, name: str, settings: Any) -> Path:
 
 def checkpoint_of(out: Path, record: dict[str, Any], settings: Any) -> Path:
     """The model folder the record evaluated."""
-    from evaluation.bench import final_model_dir
+    from evaluation.bench.training import final_model_dir
 
     name = record["algorithm"]
     if name in REFERENCE_ROWS:
@@ -125,7 +126,7 @@ def bench_traces(policy: Any, env_id: str, settings: Any, *, algorithm: Any = No
     from agentgym_opd.registry import make
     from agentgym_opd.rollout import RolloutEngine
     from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
-    from evaluation.bench import eval_env_args, eval_task_ids, privileged_contexts
+    from evaluation.bench.episodes import eval_env_args, eval_task_ids, privileged_contexts
     from evaluation.episode_trace import capture_traces, trace_episode
 
     overrides = {"max_turns": settings.max_turns, **eval_env_args(env_id, settings)}
@@ -217,7 +218,7 @@ def _model_order(item: tuple[str, dict[str, Any]]) -> tuple:
 
 def _finished_bench(out: Path) -> tuple[dict[str, Any], Any]:
     """The bench's summary and settings, or a RecordError saying the folder is no finished bench."""
-    from evaluation.bench import BenchSettings
+    from evaluation.bench.settings import BenchSettings
 
     try:
         summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
@@ -238,7 +239,7 @@ def _device(settings: Any) -> str:
 def _policy_loader(settings: Any) -> Callable[[Path], Any]:
     """``load_frozen_policy`` keeping the last model: records are stamped in model order (``_model_order``),
     so each model loads once per pass rather than once per record."""
-    from evaluation.bench import load_frozen_policy
+    from evaluation.bench.episodes import load_frozen_policy
 
     last: dict[str, Any] = {}
 
@@ -254,7 +255,7 @@ def _policy_loader(settings: Any) -> Callable[[Path], Any]:
 def _stamp(out: Path, record: dict[str, Any], settings: Any, argv: list[str], load: Callable[[Path], Any]) -> dict[str, Any]:
     """A bench record with its provenance, budget and origin (the kept episodes come later, only for the
     records that are new: replaying them is the slow part)."""
-    from evaluation.bench import eval_task_ids
+    from evaluation.bench.episodes import eval_task_ids
     from evaluation.provenance import collect, env_tasks_sha256
     from evaluation.records import validate_record
 
@@ -273,7 +274,7 @@ def _stamp(out: Path, record: dict[str, Any], settings: Any, argv: list[str], lo
 def _kept_traces(out: Path, record: dict[str, Any], settings: Any, limit: int, load: Callable[[Path], Any]) -> list[dict[str, Any]]:
     """The record's first ``limit`` held-out episodes replayed as the bench played them (see the module
     docstring); the record is validated again with them."""
-    from evaluation.bench import eval_task_ids
+    from evaluation.bench.episodes import eval_task_ids
     from evaluation.records import validate_record
 
     policy = load(checkpoint_of(out, record, settings))
@@ -284,6 +285,6 @@ def _kept_traces(out: Path, record: dict[str, Any], settings: Any, limit: int, l
 
 
 def _eval_args(env_id: str, settings: Any) -> dict[str, Any]:
-    from evaluation.bench import eval_env_args
+    from evaluation.bench.episodes import eval_env_args
 
     return eval_env_args(env_id, settings)

@@ -15,7 +15,7 @@ the teacher's action there. Each turn is classed as *clean* (no invalid action e
 
 It needs an env whose episodes replay exactly from the task id and the actions (the household env does):
 
-    python -m evaluation.label_probe STUDENT_MODEL TEACHER_MODEL --tasks 48 --temperature 1.0 --max-turns 20
+    python scripts/probes/label_probe.py STUDENT_MODEL TEACHER_MODEL --tasks 48 --temperature 1.0 --max-turns 20
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from agentgym_opd.policy.hf import HFPolicy
-    from evaluation import base_models
-    from evaluation.bench import BenchSettings
+    from evaluation.bench import base_models
+    from evaluation.bench.settings import BenchSettings
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("student", help="the student's model folder (e.g. a base model's .../model)")

@@ -16,8 +16,8 @@ question at the cost of N episodes per point. ``--states teacher`` trains on rol
 (the same loss on the teacher's own states: distillation off-policy), the contrast that tells whether the
 states or the signal is at fault when on-policy steps hurt:
 
-    python -m evaluation.distill_probe STUDENT_MODEL TEACHER_MODEL --lr 1e-4 --steps 6
-    python -m evaluation.distill_probe S T --lr 3e-4 --steps 16 --tasks 32 --divergence forward_kl \
+    python scripts/probes/distill_probe.py STUDENT_MODEL TEACHER_MODEL --lr 1e-4 --steps 6
+    python scripts/probes/distill_probe.py S T --lr 3e-4 --steps 16 --tasks 32 --divergence forward_kl \
         --max-turns 20 --eval-tasks 100 [--states teacher]
 """
 
@@ -52,7 +52,7 @@ def probe(student: Any, teacher: Any, *, lr: float, steps: int, env_args: dict[s
     from agentgym_opd.registry import env_protocol, make
     from agentgym_opd.rollout import RolloutEngine
     from algorithms.opd import OPD
-    from evaluation.mistake_probe import success_with_mistakes
+    from mistake_probe import success_with_mistakes
 
     env_id = "household/train"
     overrides = {**(env_args or {}), "max_turns": max_turns}
@@ -89,7 +89,7 @@ def probe(student: Any, teacher: Any, *, lr: float, steps: int, env_args: dict[s
 
 def main(argv: list[str] | None = None) -> int:
     from agentgym_opd.policy.hf import HFPolicy
-    from evaluation import base_models
+    from evaluation.bench import base_models
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("student", help="the student's model folder (e.g. a base model's .../model)")

@@ -1,0 +1,308 @@
+"""Jobs: the independent units of a bench, run in worker processes (one CPU thread each) or in-process.
+
+A job is the base pair's build, the older path's SFT warm start or teacher, a reference row (a frozen model
+evaluated on every split) or one algorithm x seed (train, then evaluate). Outcomes come back in job order,
+so the records do not depend on the worker count; a run's own failure is its outcome, not the bench's end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from evaluation.bench.episodes import (eval_env_args, eval_task_ids, evaluate_every_seed, evaluate_policy,
+                                       load_frozen_policy, make_env)
+from evaluation.bench.results import build_record
+from evaluation.bench.settings import BenchError, BenchSettings, resolved_curve_env
+from evaluation.bench.training import _trainer, run_overrides, sft_checkpoint, training_curve
+
+
+@dataclass(frozen=True)
+class SFTJob:
+    """Train (or reuse) the warm start or the teacher: an SFT run of the base student."""
+
+    name: str  # its folder under the bench output: warm_start / teacher
+    steps: int
+    lr: float
+    context_fraction: float
+
+
+@dataclass(frozen=True)
+class BaseModelJob:
+    """Build (or reuse) one base model of `evaluation.bench.base_models` (the one-time build, timed apart)."""
+
+    name: str  # base_student / base_teacher
+    spec: Any
+
+
+@dataclass(frozen=True)
+class ReferenceJob:
+    """Evaluate a frozen checkpoint (the warm start or the teacher) on every split: a reference row.
+
+    ``context``: every first prompt carries the task's privileged context (``warm_start+context``: can the
+    student's own network use it, as a self-teacher must?). ``curve``: also measure the curve's point 0.
+    """
+
+    name: str
+    path: str
+    label: str
+    context: bool = False
+    curve: bool = False
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """One algorithm x seed: train from the warm start with the bench budget, then evaluate on every split."""
+
+    name: str
+    seed: int
+    needs_teacher: bool
+    needs_groups: bool
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What every job of one bench shares (sent to each worker process with its job)."""
+
+    settings: BenchSettings
+    env_ids: list[str]
+    section: dict[str, Any]
+    student_path: str = ""
+    teacher_path: str | None = None
+    labels: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class JobOutcome:
+    """What a job hands back: validated records (plain dicts: they cross process boundaries), or its error."""
+
+    algorithm: str
+    seed: int | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    model_path: str | None = None  # SFTJob / BaseModelJob: the checkpoint's model folder
+    # per env id: {(seed, task id): success} of every evaluation episode (for the paired comparisons)
+    outcomes: dict[str, dict[tuple[int, str], float]] = field(default_factory=dict)
+    curve_start: float | None = None  # ReferenceJob with curve=True: success at the curve's tasks
+    messages: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+    error: str | None = None
+
+
+def run_job(job: SFTJob | ReferenceJob | RunJob, context: JobContext) -> JobOutcome:
+    """Run one job where it stands (this process); a worker process runs exactly this."""
+    settings, out = context.settings, Path(context.settings.output_dir)
+    started = time.perf_counter()
+    outcome = JobOutcome(job.name, getattr(job, "seed", None))
+    if isinstance(job, SFTJob):
+        outcome.model_path = str(sft_checkpoint(settings, out / job.name, steps=job.steps, lr=job.lr,
+                                                context_fraction=job.context_fraction, log=outcome.messages.append))
+    elif isinstance(job, BaseModelJob):
+        from evaluation.bench.base_models import ensure_base_model
+
+        outcome.model_path = str(ensure_base_model(job.spec, progress=settings.progress, log=outcome.messages.append,
+                                                   progress_file=_build_progress_file(job, out)))
+    elif isinstance(job, ReferenceJob):
+        policy = load_frozen_policy(job.path, settings)
+        for env_id in context.env_ids:
+            by_seed, by_task, wall = evaluate_every_seed(policy, env_id, settings, with_context=job.context)
+            outcome.outcomes[env_id] = {(seed, t): float(by_task[t].success) for seed, ids in by_seed.items() for t in ids}
+            for seed, ids in by_seed.items():  # one record per seed (its tasks), like the trained rows
+                outcome.records.append(build_record(
+                    env_id, [by_task[t] for t in ids], algorithm=job.name, student=job.label, teacher=None,
+                    algorithm_config={"bench": {**context.section, "context": job.context}}, seed=seed,
+                    wall_time_s=wall * len(ids) / len(by_task), curve=None))
+        if job.curve:
+            curve_env = resolved_curve_env(settings)
+            env_args = eval_env_args(curve_env, settings)
+            ids = make_env(curve_env, settings, env_args).task_ids()[: settings.curve_episodes]
+            episodes, _ = evaluate_policy(policy, curve_env, settings, env_args=env_args, tasks=ids)
+            outcome.curve_start = sum(e.success for e in episodes) / len(episodes)
+    else:
+        outcome.records, outcome.error, outcome.outcomes = train_and_evaluate(job, context)
+    outcome.wall_s = time.perf_counter() - started
+    return outcome
+
+
+def train_and_evaluate(job: RunJob, context: JobContext) -> tuple[list[dict[str, Any]], str | None, dict[str, Any]]:
+    """One algorithm x seed: (its records, None, outcomes per env), or ([], the error, {}) with the traceback in
+    its run folder.
+
+    The training curve here starts at the first in-training evaluation; the bench prepends point 0 (the
+    warm start's success, measured by the warm start's own job).
+    """
+    settings = context.settings
+    run_dir = Path(settings.output_dir) / "runs" / job.name / f"seed{job.seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    t0 = time.perf_counter()
+    try:
+        overrides = run_overrides(settings, job.name, seed=job.seed, run_dir=run_dir, student=context.student_path,
+                                  teacher=context.teacher_path, needs_teacher=job.needs_teacher,
+                                  needs_groups=job.needs_groups)
+        trainer = _trainer(overrides, job.name, settings)
+        algo_config = dict(trainer.config.algo)
+        trainer.train()
+        train_wall_s = time.perf_counter() - t0
+        curve = training_curve(run_dir, settings.episodes_per_step)
+        config = {"algo": algo_config, "bench": {**context.section, "train_wall_time_s": round(train_wall_s, 3)}}
+        records, outcomes = [], {}
+        curve_env = resolved_curve_env(settings)
+        for env_id in context.env_ids:
+            # the trainer's evaluation policy: the student itself, or its unsharded copy under FSDP
+            episodes, wall = evaluate_policy(trainer.eval_engine.policy, env_id, settings,
+                                             env_args=eval_env_args(env_id, settings),
+                                             tasks=eval_task_ids(env_id, settings, job.seed))
+            outcomes[env_id] = {(job.seed, e.task.id): float(e.success) for e in episodes}
+            records.append(build_record(env_id, episodes, algorithm=job.name, student=context.labels["student"],
+                                        teacher=context.labels["teacher"] if job.needs_teacher else None,
+                                        algorithm_config=config, seed=job.seed, wall_time_s=wall,
+                                        curve=curve if env_id == curve_env else None))
+        return records, None, outcomes
+    except BenchError:
+        raise
+    except Exception as err:  # the bench goes on; the row says why
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
+        return [], f"{type(err).__name__}: {err}", {}
+
+
+def default_workers(settings: BenchSettings) -> int:
+    """Worker processes when ``--jobs`` is not given: one per CPU core on CPU, one on a GPU.
+
+    The tiny student runs best on one torch thread per process (see ``threads``), so on CPU the cores are
+    used by running independent jobs side by side; on a GPU the jobs would share one device, so they run
+    one at a time (pass --jobs to share it anyway).
+    """
+    if settings.device.startswith("cuda"):
+        return 1
+    if settings.device == "auto":
+        import torch
+
+        if torch.cuda.is_available():
+            return 1
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _worker_init(threads: int | None) -> None:
+    """A worker process: the same torch threads and quiet Hugging Face loading as the parent."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def _job_label(job: Any) -> str:
+    return f"{job.name} seed {job.seed}" if isinstance(job, RunJob) else job.name
+
+
+def _build_progress_file(job: Any, out: Path) -> Path:
+    """Where a base model's build in a worker writes its steps done (read by :func:`_steps_done`)."""
+    path = out / "base_builds" / f"{job.name}.progress"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _job_units(job: Any, settings: BenchSettings) -> int:
+    """A job's share of the progress bar: its training steps (a base model's build steps when it must be built)."""
+    if isinstance(job, RunJob):
+        return settings.steps
+    if isinstance(job, BaseModelJob):
+        from evaluation.bench.base_models import cached_base_model
+
+        return 1 if cached_base_model(job.spec) is not None else job.spec.steps
+    return 1
+
+
+def _steps_done(job: Any, out: Path) -> int:
+    """Progress of a running job as seen from outside: the lines its trainer has logged so far, or the steps a
+    base model's build has written to its progress file."""
+    if isinstance(job, BaseModelJob):
+        try:
+            return int((out / "base_builds" / f"{job.name}.progress").read_text(encoding="utf-8").strip() or 0)
+        except (OSError, ValueError):
+            return 0
+    if not isinstance(job, RunJob):
+        return 0
+    path = out / "runs" / job.name / f"seed{job.seed}" / "metrics.jsonl"
+    try:
+        with open(path, "rb") as fh:
+            return sum(1 for _ in fh)
+    except OSError:
+        return 0
+
+
+def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callable[[str], None], out: Path) -> list[JobOutcome]:
+    """Run the jobs (in ``workers`` processes, or here when 1); their outcomes in job order.
+
+    Progress: one bar counting training steps (plus one unit per evaluation-only job), read from each
+    running job's metrics.jsonl, and a line per finished job with the time it took and the time left.
+    A run's own error is its outcome; anything else a job raises (a broken setup) is re-raised here.
+    """
+    from tqdm import tqdm
+
+    if not jobs:
+        return []
+    settings = context.settings
+    units = {i: _job_units(job, settings) for i, job in enumerate(jobs)}
+    bar = tqdm(total=sum(units.values()), desc="bench", unit="step", disable=not settings.progress, leave=True)
+    outcomes: dict[int, JobOutcome] = {}
+    times: list[float] = []
+
+    def finished(i: int, outcome: JobOutcome) -> None:
+        outcomes[i] = outcome
+        for message in outcome.messages:
+            log(message)
+        times.append(outcome.wall_s)
+        left = len(jobs) - len(outcomes)
+        status = f"FAILED: {outcome.error} (traceback in its run folder's error.txt)" if outcome.error else "done"
+        eta = f"; {left} job(s) left, ~{left * sum(times) / len(times) / max(workers, 1) / 60:.1f} min" if left else ""
+        log(f"{_job_label(jobs[i])} {status} in {outcome.wall_s:.0f}s{eta}")
+
+    with bar:
+        if workers <= 1:
+            for i, job in enumerate(jobs):
+                bar.set_description(f"bench {_job_label(job)}")
+                finished(i, run_job(job, context))
+                bar.update(units[i])
+        else:
+            import concurrent.futures as cf
+            import multiprocessing
+
+            quiet = dataclasses.replace(context, settings=dataclasses.replace(settings, progress=False))
+            # spawn, not fork: the parent has torch (and maybe Ray, tokenizers) threads that fork would copy mid-state
+            with cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_worker_init, initargs=(settings.threads,)) as pool:
+                futures = {pool.submit(run_job, job, quiet): i for i, job in enumerate(jobs)}
+                pending = set(futures)
+                while pending:
+                    done, pending = cf.wait(pending, timeout=2.0, return_when=cf.FIRST_COMPLETED)
+                    for future in done:
+                        i = futures[future]
+                        try:
+                            outcome = future.result()
+                        except BenchError:
+                            raise
+                        except Exception as err:  # the worker died (killed, out of memory): that job failed
+                            if not isinstance(jobs[i], RunJob):
+                                raise
+                            outcome = JobOutcome(jobs[i].name, jobs[i].seed, error=f"worker lost: {type(err).__name__}: {err}")
+                        finished(i, outcome)
+                    running = [futures[f] for f in pending]
+                    bar.n = (sum(units[i] for i in outcomes)
+                             + sum(min(_steps_done(jobs[i], out), units[i]) for i in running))
+                    names = ", ".join(_job_label(jobs[i]) for i in sorted(running)[:3]) + (", ..." if len(running) > 3 else "")
+                    bar.set_description(f"bench {len(outcomes)}/{len(jobs)} jobs (running: {names})" if running
+                                        else f"bench {len(outcomes)}/{len(jobs)} jobs")
+                    bar.refresh()
+    return [outcomes[i] for i in range(len(jobs))]
