@@ -274,9 +274,7 @@ class BoundedWorker:
         """Start the child if it is not running; return the current generation."""
         with self._lock:
             if not self.alive:
-                if self._pid != os.getpid():  # a forked copy: the child belongs to the parent process
-                    self._proc = self._sock = None
-                self._kill()
+                self._kill()  # in a forked copy of the parent this only closes the copy's end of the pipe
                 self._start()
             return self.generation
 

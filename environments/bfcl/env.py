@@ -19,6 +19,13 @@
   snapshot folder (`memory.py`; the choice is documented in `data.py`). `memory_result_dir=` starts the
   question from a `bfcl generate` run's snapshot instead. Default `max_turns`: three steps per user turn
   of the longest episode of the category (BFCL itself allows up to 20 steps per user turn).
+* Bounds (multi-turn, agentic, memory): the backends run in a bounded worker process (`backend_host.py`).
+  One message's calls get `step_timeout_s` (default 10 s) and a memory limit; a message that exceeds
+  either is a `timeout` (time) or `tool_error` (memory) step, none of its calls takes effect, and the
+  episode goes on. BFCL's checker gets `checker_timeout_s` (default 60 s); past it the episode ends
+  unsolved with a `timeout` error. If the backends cannot be rebuilt after a bound (their replay hits a
+  bound too), the episode ends with an `env_crash`. Single-turn categories run no backend: their parser
+  and BFCL's AST checker work on bounded plain data in this process.
 
 Ids are `bfcl/<category>`; the split is the category; task ids are BFCL's entry ids.
 """
@@ -28,6 +35,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from agentgym_opd.bounded import BoundExceeded
 from agentgym_opd.core import StepOutcome, TextEnv, UnknownTaskError
 from agentgym_opd.types import StepError, Task
 from environments.bfcl._bfcl import CHECKER_MODEL_NAME, ast_parse_foreign, bfcl
@@ -47,8 +55,9 @@ from environments.bfcl.data import (
     render_turn_calls,
     UNSUPPORTED_CATEGORIES,
 )
+from environments.bfcl.backend_host import BackendUnavailable
 from environments.bfcl.memory import MemoryEpisode
-from environments.bfcl.multi_turn import MultiTurnSession
+from environments.bfcl.multi_turn import DEFAULT_CHECKER_TIMEOUT_S, DEFAULT_STEP_TIMEOUT_S, MultiTurnSession
 from environments.bfcl.schema import check_calls
 
 FORMAT_HINT = (
@@ -74,6 +83,21 @@ def _memory_max_turns(category: str) -> int:
     return MEMORY_STEPS_PER_USER_TURN * longest
 
 
+def bound_error(exc: BoundExceeded | BackendUnavailable, *, step_timeout_s: float, what: str = "These calls") -> StepError:
+    """The step's error when a message's calls (or the checker) hit a bound in the backend worker."""
+    if isinstance(exc, BackendUnavailable):
+        return StepError("env_crash", f"The function backends could not be restored: {exc}. The episode ends.")
+    undone = "none of them took effect (the backends are as they were before this message)"
+    if exc.kind == "timeout":
+        return StepError("timeout", f"{what} ran longer than the limit of {step_timeout_s:g} s for one message "
+                                    f"(for example a huge power, precision or size); {undone}. Use smaller values.")
+    if exc.kind == "memory":
+        return StepError("tool_error", f"{what} needed more memory than the function backends may use; {undone}. "
+                                       "Use smaller values.")
+    return StepError("env_crash", f"The function backends crashed while running {what.lower()}; {undone}; they "
+                                  "were restarted.")
+
+
 def _multi_turn_feedback(verdict: dict, limit: int = 1500) -> str:
     """BFCL's verdict as text: its message plus what differed (state attributes or missing results)."""
     message = str(verdict.get("error_message") or verdict.get("error") or verdict.get("error_type"))
@@ -91,7 +115,13 @@ class BfclEnv(TextEnv):
     description = "BFCL function calling, scored by BFCL's own checkers"
 
     def __init__(self, category: str = "simple_python", split: str | None = None, *, max_turns: int | None = None,
-                 max_action_chars: int = 8192, memory_result_dir: str | None = None, **kwargs: Any):
+                 max_action_chars: int = 8192, memory_result_dir: str | None = None,
+                 step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S, checker_timeout_s: float = DEFAULT_CHECKER_TIMEOUT_S,
+                 **kwargs: Any):
+        for name, value in (("step_timeout_s", step_timeout_s), ("checker_timeout_s", checker_timeout_s)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        self.timeouts = {"step_timeout_s": float(step_timeout_s), "checker_timeout_s": float(checker_timeout_s)}
         if category in UNSUPPORTED_CATEGORIES:
             raise NotImplementedError(f"bfcl/{category}: {UNSUPPORTED_CATEGORIES[category]}")
         self.category = category
@@ -174,9 +204,10 @@ class BfclEnv(TextEnv):
         entry = self._entries[task.id]
         if self.category in MEMORY_CATEGORIES:
             self._session = MemoryEpisode(entry, self._answers.get(task.id), self.category, self._prereqs(entry),
-                                          result_dir=self.memory_result_dir)
+                                          result_dir=self.memory_result_dir, **self.timeouts)
         elif self.kind in ("multi_turn", "agentic"):
-            self._session = MultiTurnSession(entry, self._answers.get(task.id), self.category, kind=self.kind)
+            self._session = MultiTurnSession(entry, self._answers.get(task.id), self.category, kind=self.kind,
+                                             **self.timeouts)
         if self._session is not None:
             docs = json.dumps(self._session.functions, indent=2)
             return (f"{FORMAT_HINT}\n{MULTI_TURN_HINT}\n\nAvailable functions (JSON):\n{docs}\n\n"
@@ -279,7 +310,10 @@ class BfclEnv(TextEnv):
         if parsed.error:
             return StepOutcome(parsed.error + " " + FORMAT_HINT, error=StepError("parse_error", parsed.error))
         if parsed.text is not None or not parsed.calls:
-            next_message = session.end_turn(parsed.text or "")
+            try:
+                next_message = session.end_turn(parsed.text or "")
+            except BackendUnavailable as exc:
+                return self._backends_lost(exc)
             if next_message is not None:
                 return StepOutcome(next_message)
             return self._multi_turn_outcome()
@@ -293,7 +327,16 @@ class BfclEnv(TextEnv):
         except InvalidCall as exc:
             message = f"{exc} Nothing was executed."
             return StepOutcome(message, error=StepError("tool_error", message))
-        pairs = session.execute(valid_calls)
+        try:
+            pairs = session.execute(valid_calls)
+        except BoundExceeded as exc:
+            error = bound_error(exc, step_timeout_s=self.timeouts["step_timeout_s"])
+            observation = error.message + self._take_notice(session)
+            if session.finished:  # the step limit ended the episode with this step
+                return self._multi_turn_outcome(observation, error)
+            return StepOutcome(observation, error=error)
+        except BackendUnavailable as exc:
+            return self._backends_lost(exc)
         lines = [f"{source} -> {result}" for source, result in pairs]
         failures = session.failures(pairs)
         if failures:  # add what the docs say about a failed call, beside the backend's own message
@@ -304,16 +347,32 @@ class BfclEnv(TextEnv):
             failures.append(f"Positional arguments were not passed to {', '.join(dropped)} (only name=value "
                             "arguments are: BFCL's decoder drops positional ones); write each argument as name=value.")
         error = StepError("tool_error", " | ".join(failures)) if failures else None
-        observation = "Execution results:\n" + "\n".join(lines)
-        notice = session.pop_notice()
-        if notice:
-            observation += "\n" + notice
+        observation = "Execution results:\n" + "\n".join(lines) + self._take_notice(session)
         if session.finished:  # BFCL's step limit
             return self._multi_turn_outcome(observation, error)
         return StepOutcome(observation, error=error)
 
+    @staticmethod
+    def _take_notice(session) -> str:
+        notice = session.pop_notice()
+        return "\n" + notice if notice else ""
+
+    def _backends_lost(self, exc: BackendUnavailable) -> StepOutcome:
+        """The backends could not be rebuilt after a bound: the episode ends, unsolved."""
+        error = bound_error(exc, step_timeout_s=self.timeouts["step_timeout_s"])
+        self._verdict = {"valid": False, "error_type": "backends_unavailable", "error_message": str(exc)}
+        self.close_session()
+        return self._finish(False, error.message, error, error.message)
+
     def _multi_turn_outcome(self, observation: str = "", error: StepError | None = None) -> StepOutcome:
         verdict = self._session.finish()
+        if self._session.finish_bound is not None and error is None:
+            if isinstance(self._session.finish_bound, BoundExceeded) and self._session.finish_bound.kind == "timeout":
+                error = StepError("timeout", f"BFCL's checker replaying this episode's calls ran longer than "
+                                             f"{self.timeouts['checker_timeout_s']:g} s; the episode is scored unsolved.")
+            else:
+                error = bound_error(self._session.finish_bound, step_timeout_s=self.timeouts["step_timeout_s"],
+                                    what="BFCL's checker")
         self._verdict = verdict
         valid = bool(verdict.get("valid"))
         feedback = "" if valid else _multi_turn_feedback(verdict)

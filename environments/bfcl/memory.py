@@ -21,9 +21,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from environments.bfcl._bfcl import bfcl, prepare_memory_backend
+from environments.bfcl._bfcl import bfcl
 from environments.bfcl.calls import Call
-from environments.bfcl.multi_turn import MultiTurnSession
+from environments.bfcl.multi_turn import DEFAULT_CHECKER_TIMEOUT_S, DEFAULT_STEP_TIMEOUT_S, MultiTurnSession
 
 
 def conversation_switch_message(finished: int, total: int) -> str:
@@ -35,8 +35,10 @@ class MemoryEpisode:
     """The session interface `BfclEnv` drives, over the episode's chain of conversations."""
 
     def __init__(self, question: dict, ground_truth: Any, category: str, prereqs: tuple[dict, ...],
-                 result_dir: str | Path | None = None):
+                 result_dir: str | Path | None = None, *, step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+                 checker_timeout_s: float = DEFAULT_CHECKER_TIMEOUT_S):
         self.category = category
+        self.timeouts = {"step_timeout_s": step_timeout_s, "checker_timeout_s": checker_timeout_s}
         self._tmp = None
         if result_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="agentgym_opd_bfcl_memory_")
@@ -48,9 +50,7 @@ class MemoryEpisode:
                 raise FileNotFoundError(f"memory_result_dir {self.result_dir} is not a folder (BFCL's result/<model_name>)")
             self.plan = [question]
         self.ground_truth = ground_truth
-        for class_name in question["involved_classes"]:
-            prepare_memory_backend(class_name)
-        self.index = 0
+        self.index = 0  # the backend modules (the vector one loads a sentence encoder) load in the worker
         self._notice = ""
         self.session = self._open(0)
 
@@ -72,12 +72,9 @@ class MemoryEpisode:
         }
         last = index == len(self.plan) - 1
         session = MultiTurnSession(entry, self.ground_truth if last else None, self.category,
-                                   kind="agentic" if last else "memory_prereq")
-        (instance,) = session.instances.values()
-        from bfcl_eval.model_handler.utils import add_memory_instruction_system_prompt
-
-        session.entry["question"] = add_memory_instruction_system_prompt(
-            session.entry["question"], self.category, entry["scenario"], instance)
+                                   kind="agentic" if last else "memory_prereq", **self.timeouts)
+        session.entry["question"] = session.backends.memory_prompt(session.entry["question"], self.category,
+                                                                   entry["scenario"])
         return session
 
     def _advance(self) -> str:
@@ -95,6 +92,10 @@ class MemoryEpisode:
     @property
     def finished(self) -> bool:
         return self.on_question and self.session.finished
+
+    @property
+    def finish_bound(self):
+        return self.session.finish_bound
 
     @property
     def final_text(self) -> str:
@@ -119,10 +120,11 @@ class MemoryEpisode:
         return self.session.validate(calls)
 
     def execute(self, calls: list) -> list[tuple[str, str]]:
-        pairs = self.session.execute(calls)
-        if self.session.finished and not self.on_question:  # BFCL's step limit ended a prerequisite
-            self._notice = "Step limit reached: " + self._advance()
-        return pairs
+        try:
+            return self.session.execute(calls)  # may raise BoundExceeded, after its bookkeeping
+        finally:
+            if self.session.finished and not self.on_question:  # BFCL's step limit ended a prerequisite
+                self._notice = "Step limit reached: " + self._advance()
 
     def pop_notice(self) -> str:
         notice, self._notice = self._notice, ""

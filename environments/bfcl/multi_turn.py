@@ -6,7 +6,10 @@ Turn mapping (WHY: one env step must be one agent message, the turn boundary tur
 * Each agent message with calls is one BFCL *step*: the calls run for real against the task's backend
   instances (`GorillaFileSystem`, `MathAPI`, `TwitterAPI`, ...; made by BFCL's own code with the task's
   `initial_config`), by method lookup with validated keyword arguments (`executor.py`: BFCL's executor
-  `eval`s source text, which agent text must never reach), and the results are the observation.
+  `eval`s source text, which agent text must never reach), and the results are the observation. The
+  instances live in a bounded worker process (`backend_host.py`): one message's calls run under the env's
+  `step_timeout_s` and a memory limit; a message that hits a bound has no effect (`BoundExceeded`, which
+  the env reports as a `timeout` / `tool_error` step) and the episode goes on from the state before it.
 * An agent message with no calls (prose, or `[]`) ends the user turn, exactly as a non-call reply ends a
   turn in BFCL's prompting inference loop; the next user turn is shown. After the last user turn the
   episode ends and BFCL's `multi_turn_checker` replays the recorded calls on fresh instances and
@@ -21,21 +24,28 @@ Differences from BFCL's loop, chosen for a training signal: a message that tries
 parsed is a `parse_error` and does not end the user turn (BFCL ends it); a call of a function not offered
 of none of the involved classes, or with an argument name that is not an identifier, is refused with a
 `tool_error` before execution (a held-out function is callable, as in BFCL, though not yet documented);
-the other calls of such a message are not run either, so the replayed record equals what ran.
+the other calls of such a message are not run either. The record BFCL's checker replays holds exactly
+the calls that ran (a call refused before its method ran, e.g. for an unknown keyword, is left out: in
+BFCL it would fail again on replay and change nothing), each rebuilt from its validated name and
+arguments and checked to parse back to them (`executor.ValidCall.source`); a message none of whose calls
+ran adds no step to the record. The checker runs in the worker too, under `checker_timeout_s`.
 Positional arguments are dropped, as BFCL's decoder drops them, and the step says so (`tool_error`).
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-import weakref
 from typing import Any
 
-from environments.bfcl._bfcl import bfcl, forget_instances
+from agentgym_opd.bounded import BoundExceeded, RemoteError
+from environments.bfcl._bfcl import bfcl
+from environments.bfcl.backend_host import BackendUnavailable, HostedSession
 from environments.bfcl.calls import Call
 from environments.bfcl.data import entry_copy
-from environments.bfcl.executor import EXECUTION_ERROR_PREFIX, execute, method_table, validate, ValidCall
+from environments.bfcl.executor import EXECUTION_ERROR_PREFIX, validate, ValidCall
+
+DEFAULT_STEP_TIMEOUT_S = 10.0  # one message's calls (BFCL's backends answer in microseconds)
+DEFAULT_CHECKER_TIMEOUT_S = 60.0  # BFCL's checker replaying an episode, or a restore of the backends
 
 
 def _is_failed_result(result: str) -> str | None:
@@ -55,12 +65,12 @@ def _is_failed_result(result: str) -> str | None:
 class MultiTurnSession:
     """Backend state and the per-turn call record of one episode (see the module docstring)."""
 
-    def __init__(self, entry: dict, ground_truth: Any, category: str, *, kind: str):
+    def __init__(self, entry: dict, ground_truth: Any, category: str, *, kind: str,
+                 step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S, checker_timeout_s: float = DEFAULT_CHECKER_TIMEOUT_S):
         self.entry = entry_copy(entry)
         self.ground_truth = ground_truth
         self.category = category
         self.kind = kind
-        self.name = f"agentgymopd{uuid.uuid4().hex}"
         self.functions: list[dict] = list(self.entry.get("function", []))
         self.holdouts: dict[str, list[dict]] = dict(self.entry.get("missed_function", {}) or {})
         # Callable names: every documented function of the involved classes, held-out ones included (BFCL
@@ -74,9 +84,9 @@ class MultiTurnSession:
         self.finished = False
         self.force_quit = False
         self.verdict: dict | None = None
-        # BFCL's executor caches instances in its module globals; free them however this session ends.
-        self._release = weakref.finalize(self, forget_instances, self.name)
-        self._instantiate()
+        self.finish_bound: BoundExceeded | BackendUnavailable | None = None  # why the verdict could not be had
+        self.backends = HostedSession(self.entry, self.long_context, step_timeout_s=step_timeout_s,
+                                      checker_timeout_s=checker_timeout_s)
 
     # ------------------------------------------------------------------ turns
     @property
@@ -113,38 +123,39 @@ class MultiTurnSession:
         return self.user_message()
 
     # ------------------------------------------------------------------ calls
-    def _instantiate(self) -> None:
-        """The task's backend instances, made by BFCL's own code (an empty call list: nothing is evaluated)."""
-        _, self.instances = bfcl().execute_multi_turn_func_call(
-            [],
-            self.entry.get("initial_config", {}),
-            self.entry["involved_classes"],
-            self.name,
-            self.entry["id"],
-            long_context=self.long_context,
-            is_evaL_run=False,
-        )
-        self._methods = method_table(self.instances)
-
     def unknown_calls(self, calls: list[Call]) -> list[str]:
         return [c.name for c in calls if c.name not in self.callable_names]
 
     @staticmethod
     def validate(calls: list[Call]) -> list[ValidCall]:
-        """Each call reduced to BFCL's decoded form; raises `executor.InvalidCall` (nothing runs)."""
-        return [validate(c) for c in calls]
+        """Each call reduced to BFCL's decoded form, with source that replays exactly; raises
+        `executor.InvalidCall` (nothing runs)."""
+        valid = [validate(c) for c in calls]
+        for call in valid:
+            call.source()
+        return valid
 
     def execute(self, calls: list[ValidCall]) -> list[tuple[str, str]]:
-        """Run one step's validated calls for real, by method lookup; returns (call source, result) pairs."""
+        """Run one step's validated calls for real, in the bounded worker; returns (call source, result) pairs.
+
+        The calls that ran join the record. A step counts toward BFCL's step limit even when it hits a
+        bound; then `BoundExceeded` propagates after the bookkeeping, and none of its calls is recorded."""
         sources = [c.source() for c in calls]
-        results = [execute(c, self._methods) for c in calls]
-        self.record[-1].append(sources)
         self.steps_in_turn += 1
-        limit = bfcl().default_prompts.MAXIMUM_STEP_LIMIT
-        if self.steps_in_turn > limit:
+        bound = None
+        try:
+            results = self.backends.execute([(c.name, c.kwargs) for c in calls])
+        except BoundExceeded as exc:
+            bound, results = exc, []
+        ran = [source for source, (did_run, _) in zip(sources, results) if did_run]
+        if ran:
+            self.record[-1].append(ran)
+        if self.steps_in_turn > bfcl().default_prompts.MAXIMUM_STEP_LIMIT:
             self.force_quit = True
             self.finish()
-        return list(zip(sources, results))
+        if bound is not None:
+            raise bound
+        return [(source, text) for source, (_, text) in zip(sources, results)]
 
     def pop_notice(self) -> str:
         """Text the env appends to the next observation (a memory episode's conversation switch)."""
@@ -175,8 +186,10 @@ class MultiTurnSession:
         if self.kind == "memory_prereq":
             # BFCL does not score a prerequisite conversation; it flushes the memory to the snapshot that
             # the next conversation loads (also after a force-quit, as BFCL's inference loop does).
-            for instance in self.instances.values():
-                instance._flush_memory_to_local_file()
+            try:
+                self.backends.flush_memory()
+            except (BoundExceeded, BackendUnavailable) as exc:  # the next conversation starts empty (BFCL's rule)
+                self.finish_bound = exc
             self.verdict = {"valid": True, "prerequisite": True, "force_quit": self.force_quit}
         elif self.force_quit:
             limit = b.default_prompts.MAXIMUM_STEP_LIMIT
@@ -186,15 +199,18 @@ class MultiTurnSession:
             answers = self.ground_truth if isinstance(self.ground_truth, list) else [self.ground_truth]
             self.verdict = b.agentic_checker(self.final_text, [str(a) for a in answers])
         else:
-            entry = {k: self.entry[k] for k in ("id", "initial_config", "involved_classes") if k in self.entry}
-            entry.setdefault("initial_config", {})
-            try:
-                self.verdict = b.multi_turn_checker(self.record, self.ground_truth, entry, self.category, self.name + "check")
-            except Exception as exc:  # BFCL's checker asserts on mismatched instance sets; report, do not crash
-                self.verdict = {"valid": False, "error_message": f"BFCL's multi-turn checker failed: {type(exc).__name__}: {exc}",
-                                "error_type": "multi_turn:checker_error"}
+            try:  # in the worker: the checker evals the record (literal calls that ran) on fresh instances
+                self.verdict = self.backends.check(self.record, self.ground_truth, self.category)
+            except (BoundExceeded, BackendUnavailable) as exc:
+                self.finish_bound = exc
+                self.verdict = {"valid": False, "error_type": "multi_turn:checker_bound",
+                                "error_message": f"BFCL's checker could not replay the episode's calls within its "
+                                                 f"limits: {exc}"}
+            except RemoteError as exc:  # a failure of the worker's own code: an unscored episode, not a crash
+                self.verdict = {"valid": False, "error_type": "multi_turn:checker_error",
+                                "error_message": f"BFCL's multi-turn checker failed: {exc}"}
         self.close()  # the episode is over: nothing runs on these backends again
         return self.verdict
 
     def close(self) -> None:
-        self._release()
+        self.backends.close()
