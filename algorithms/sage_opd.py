@@ -1,7 +1,8 @@
 """SAGE-OPD: selective, turn-level on-policy distillation from a separate teacher.
 
-Teacher: a separate frozen model (``--teacher PATH``, same tokenizer as the student), exactly as in
-:mod:`algorithms.opd`; it re-scores the student's own tokens given the same history. What SAGE-OPD adds
+Teacher: a separate frozen model (``--teacher PATH``), exactly as in :mod:`algorithms.opd`; it re-scores the
+student's own tokens given the same history (a teacher of another tokenizer: its own tokens of the student's
+text, on merged spans, and its turn confidence is its mean top-1 probability over its own tokens of the turn). What SAGE-OPD adds
 is *which turns* of a multi-turn rollout the student learns from, and how much.
 
 1. **Segment** each student episode into turns by the env's turn boundaries: every agent token carries
@@ -306,6 +307,7 @@ class SAGEOPD(OPD):
 
     Config = SAGEOPDConfig
     needs_teacher = True
+    supports_teacher_set = False  # the judge and the confidence pass take one teacher
 
     def prepare(self, batch: RolloutBatch) -> SAGEState:
         """Label every turn (one judge call) and weigh every token (one no-grad teacher pass)."""
@@ -323,7 +325,8 @@ class SAGEOPD(OPD):
             on, turns = mask[rows][:, : width - 1], turn_of[rows][:, : width - 1]
             tokens = token_importance(turns, on, importance[rows])
             if self.config.use_confidence:
-                top1 = self.teacher_top1(self.teacher_view(batch, rows, state), width)
+                top1 = (self.cross.turn_confidence(batch, rows, state.contexts[rows], width) if self.cross is not None
+                        else self.teacher_top1(self.teacher_view(batch, rows, state), width))
                 token_conf, turn_conf, present = confidence_per_turn(top1.cpu(), turns, on)
                 confidences.append(turn_conf[present])
                 tokens = tokens * token_conf

@@ -151,13 +151,14 @@ def test_sdpo_context_uses_a_successful_sibling_and_feedback_and_masks_rows_with
                 turn.error = error
 
 
-def test_opd_refuses_a_teacher_with_another_tokenizer(tmp_path):
+def test_opd_takes_a_teacher_with_another_tokenizer_on_merged_spans_unless_told_off(tmp_path):
     from agentgym_opd.policy.tiny import build_tiny_model
 
     student = HFPolicy.from_pretrained(default_tiny_model())
     other = HFPolicy.from_pretrained(build_tiny_model(tmp_path / "other", ["put the apple in the fridge", "go to the kitchen"] * 20, vocab_size=300))
     check_same_tokenizer(student, student)
+    assert OPD({}, student, other).cross is not None  # issue 39: the cross-tokenizer path, by itself
     with pytest.raises(ValueError, match="tokenizers differ"):
-        OPD({}, student, other)
+        OPD({"cross_tokenizer": "off"}, student, other)
     with pytest.raises(ValueError, match="needs a teacher"):
         OPD({}, student, None)
