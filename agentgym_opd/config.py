@@ -74,6 +74,12 @@ class ModelConfig:
     teacher_backend: str = constrained("hf", choices=("hf", "vllm"),
                                        help="where a separate teacher (model.teacher) runs: in-process HF, or a "
                                             "vLLM engine scoring the student's ids with prompt log-probs")
+    teachers: dict[str, str] = constrained(default_factory=dict, help=(
+        "several teachers by name (--teacher NAME=PATH, repeated), each task routed to one (opd)"))
+    teacher_route: str = constrained("env", help="what of a task picks its teacher: env, family, split or metadata.<field>")
+    teacher_routes: dict[str, str] = constrained(default_factory=dict, help=(
+        "ordered 'pattern: teacher name' (shell patterns on the route key, first match wins); "
+        "empty = the teacher named like the key"))
     dtype: str = constrained("float32", choices=("float32", "bfloat16", "float16"))
     autocast: str = constrained("none", choices=("none", "bfloat16", "float16"), help=(
         "run every forward (rollouts, teacher scoring, the update) under torch.autocast to this dtype, weights "
@@ -87,6 +93,11 @@ class ModelConfig:
     vllm_tensor_parallel_size: int = constrained(1, ge=1, help="backend=vllm: GPUs the rollout engine spans")
     vllm_gpu_memory_utilization: float = constrained(0.3, gt=0, le=1,
                                                      help="backend=vllm: share of GPU memory (host RAM on CPU) for vLLM")
+
+    def __post_init__(self) -> None:
+        from agentgym_opd.teachers import check_teacher_settings
+
+        check_teacher_settings(self.teacher, self.teachers, self.teacher_route, self.teacher_routes)
 
 
 @dataclass

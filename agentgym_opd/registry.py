@@ -212,6 +212,10 @@ class EnvRegistry(Registry):
         gymnasium.register(id=spec.id, entry_point=spec.entry_point, kwargs={"env_id": spec.id, **spec.defaults})
 
     def make(self, id: str, **overrides: Any) -> Any:
+        from agentgym_opd.mixture import is_mixture_id, make_mixture
+
+        if is_mixture_id(id):  # "a+b": several registered envs as one (agentgym_opd.mixture)
+            return make_mixture(id, **overrides)
         env = super().make(id, **{"env_id": id, **overrides})
         gym_spec = gymnasium.spec(id)
         env.spec = dataclasses.replace(gym_spec, kwargs={**gym_spec.kwargs, **overrides})
@@ -220,6 +224,10 @@ class EnvRegistry(Registry):
 
     def protocol(self, id: str, *, action_parser: str | None = None, system_prompt: str | None = None) -> EnvProtocol:
         """The env's registered parser and prompt, each replaced by the caller's when given ("" = no prompt)."""
+        from agentgym_opd.mixture import is_mixture_id, mixture_protocol
+
+        if is_mixture_id(id):
+            return mixture_protocol(id, action_parser=action_parser, system_prompt=system_prompt)
         spec = self.spec(id)
         prompt = system_prompt
         if prompt is None:

@@ -1,4 +1,4 @@
-"""`agentgym-opd train --algo NAME --env ID --student PATH [--teacher PATH] [--config F] [key=value ...]`.
+"""`agentgym-opd train --algo NAME --env ID --student PATH [--teacher PATH | --teacher NAME=PATH ...] [--config F] [key=value ...]`.
 
 The named flags are shorthands for config keys; free-form ``section.key=value`` overrides come last and
 win. ``--env-arg key=value`` passes a constructor option to the env (e.g. ``num_tasks=2`` to train on a
@@ -22,7 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algo", default=None, help="registered algorithm (`agentgym-opd algos`)")
     parser.add_argument("--env", default=None, help="registered env id of the training split, e.g. household/train")
     parser.add_argument("--student", default=None, help="local model path ('tiny' = the offline tiny model)")
-    parser.add_argument("--teacher", default=None, help="local path of a separate teacher model")
+    parser.add_argument("--teacher", action="append", default=None, metavar="PATH | NAME=PATH",
+                        help="a separate teacher model (path or short name); NAME=PATH, repeated, names several, "
+                             "each task routed to one by model.teacher_route / model.teacher_routes")
     parser.add_argument("--config", default=None, help="YAML/JSON run config; flags and overrides apply on top")
     parser.add_argument("--output-dir", default=None, help="where metrics and checkpoints go (= output_dir=...)")
     parser.add_argument("--resume", default=None, metavar="DIR", help="resume from a run dir or checkpoint dir")
@@ -59,13 +61,16 @@ def kept_run_folder(output_dir: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from agentgym_opd.config import ConfigError, run_config_from_cli
+    from agentgym_opd.teachers import parse_teacher_flags
     from agentgym_opd.trainer import Trainer, algorithm_class
 
     try:
         algo_cls = algorithm_class(args.algo) if args.algo else None
-        overrides = list(args.overrides) + ([f"output_dir={args.output_dir}"] if args.output_dir else [])
+        teacher, teachers = parse_teacher_flags(args.teacher)
+        overrides = ([f"model.teachers={json.dumps(teachers)}"] if teachers else []) + list(args.overrides) \
+            + ([f"output_dir={args.output_dir}"] if args.output_dir else [])
         config = run_config_from_cli(args.config, overrides, algorithm=args.algo, env=args.env,
-                                     student=args.student, teacher=args.teacher,
+                                     student=args.student, teacher=teacher,
                                      algo_config_cls=algo_cls.Config if algo_cls else None)
         env_args = _env_args(args.env_arg)
         trainer = Trainer(config, env_overrides=env_args, progress=not args.no_progress)

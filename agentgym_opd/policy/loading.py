@@ -171,6 +171,7 @@ def _latest_checkpoint(run_dir: Path) -> Path:
 
 def _checkpoint_source(path: Path) -> PolicySource:
     from agentgym_opd.config import ConfigError, read_mapping
+    from agentgym_opd.teachers import run_teacher_name
 
     try:
         run = read_mapping(path / "config.yaml")
@@ -181,7 +182,7 @@ def _checkpoint_source(path: Path) -> PolicySource:
     student = model.get("student") or str(path)
     source = PolicySource(model_dir=path / "model", student=model_name(str(student)), algorithm=algorithm,
                           algorithm_config=complete_algorithm_config(algorithm, run.get("algo") or {}),
-                          teacher=model_name(model.get("teacher") or None), checkpoint=path, run_model=dict(model),
+                          teacher=run_teacher_name(model), checkpoint=path, run_model=dict(model),
                           run_rollout=dict(run.get("rollout") or {}))
     if (path / "model" / "adapter_config.json").is_file():
         if not model.get("student"):
