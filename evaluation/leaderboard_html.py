@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from evaluation.leaderboard_plots import curve_svg, mean_curve
 
 if TYPE_CHECKING:
-    from evaluation.leaderboard import FamilyTable, Leaderboard, Row
+    from evaluation.leaderboard import Leaderboard
+    from evaluation.leaderboard_tables import FamilyTable, Row
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "DejaVu Sans", sans-serif; margin: 1.2rem 1.5rem; color: #222; max-width: 1240px; }
@@ -131,7 +132,7 @@ def _ranked_table(board: "Leaderboard", table: "FamilyTable", index: int) -> lis
 
 
 def _error_table(table: "FamilyTable") -> list[str]:
-    from evaluation.leaderboard import error_kinds
+    from evaluation.leaderboard_tables import error_kinds
 
     kinds = error_kinds(table)
     head = "".join(f"<th data-sortable>{escape(h)}</th>" for h in ["method", "all errors", *kinds])
@@ -148,7 +149,7 @@ def _error_table(table: "FamilyTable") -> list[str]:
 
 
 def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
-    from evaluation.leaderboard import interval_words, metric_title
+    from evaluation.leaderboard_tables import interval_words, metric_title
 
     body = ["<h1>agentgym-opd leaderboard</h1>",
             '<p class="note">Per env family, methods ranked by the primary metric on the held-out split (first '

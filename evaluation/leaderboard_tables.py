@@ -1,0 +1,318 @@
+"""The leaderboard's numbers: records pooled over seeds into rows, rows into each env family's ranked table.
+
+`aggregate_rows` groups records of the same env split x algorithm x student x teacher x budget x protocol x
+origin over seeds (one record: its own mean and standard error; k >= 2: the mean of the seed means and
+std/sqrt(k)); `Row.interval` is the 95% interval (Student-t across seeds, Wilson's over one record's
+episodes for a success rate); `family_tables` ranks each family's methods by its primary metric on the
+held-out split and marks those evaluated under another protocol or on other tasks than the bench's.
+`evaluation.leaderboard` stores records and renders these tables (the module docstring there says what a
+reader sees); nothing here reads or writes a file.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from evaluation.records import (BENCH_CONTEXT_TOKENS, REFERENCE_ROWS, env_args_label, env_family, is_rate,
+                                lower_is_better, protocol_label, record_id)
+
+# the headline metric of an env family, where it is not success
+HEADLINE_METRICS = {"searchqa": "em", "code": "pass@1"}
+# what success_rate is, in a family's own terms, when the headline metric is not recorded under its name:
+# a searchqa episode succeeds on an exact match, and a code task's success rate over equal samples per
+# task is the unbiased pass@1
+SUCCESS_MEANS = {"searchqa": "exact match", "code": "pass@1"}
+
+
+def metric_title(family: str, metric: str) -> str:
+    """The primary metric's name for a table's caption, with its benchmark meaning where it has one."""
+    meaning = SUCCESS_MEANS.get(family) if metric == "success_rate" else None
+    return f"{metric} (= {meaning})" if meaning else metric
+# split names in the order the ranked table shows them: held-out first (it is the ranking key)
+SPLIT_ORDER = ("valid_unseen", "unseen", "test", "valid_seen", "seen", "valid", "dev", "train")
+# the protocol entries two rows must share to be compared as equals
+COMPARED_PROTOCOL = ("temperature", "samples", "max_new_tokens", "max_turns", "action_parser", "env_args",
+                     "system_prompt", "max_context_tokens")
+# per-episode 0/1 outcomes: one record's interval is Wilson's (over its episodes)
+BINARY_METRICS = frozenset({"success_rate"})
+# Student-t 0.975 quantiles, by degrees of freedom (1-30); beyond: the normal 1.96
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+
+def quantile95(n_seeds: int) -> float:
+    if n_seeds <= 1:
+        return 1.96
+    df = n_seeds - 1
+    return T975[df - 1] if df <= len(T975) else 1.96
+
+
+def wilson_interval(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson's 95% score interval of a success share ``p`` over ``n`` episodes: unlike mean +- 1.96 se it
+    does not collapse to a point at 0 or 1, which small evaluations hit all the time."""
+    if n <= 0:
+        return 0.0, 1.0
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def interval_words() -> str:
+    """How ``Row.interval`` computes one record's interval, in words, for the tables' captions (from the same
+    constants, so the caption cannot drift from the numbers)."""
+    return (f"Wilson's score interval over its episodes for {', '.join(sorted(BINARY_METRICS))}, "
+            "mean +- 1.96 se for other metrics")
+
+
+def effective_protocol(record: dict[str, Any]) -> dict[str, Any]:
+    """The comparable protocol of a record: its ``protocol`` field, or for a bench record (which states
+    its settings in ``algorithm_config['bench']``) the bench's greedy evaluation settings."""
+    if record.get("protocol"):
+        return {k: record["protocol"].get(k) for k in COMPARED_PROTOCOL}
+    bench = (record.get("algorithm_config") or {}).get("bench")
+    if isinstance(bench, dict):
+        return {"temperature": 0.0, "samples": 1, "max_new_tokens": bench.get("max_new_tokens"),
+                "max_turns": bench.get("max_turns"), "action_parser": "text",
+                "env_args": env_args_label(bench.get("env_args")), "system_prompt": family_prompt(record["env_id"]),
+                "max_context_tokens": BENCH_CONTEXT_TOKENS}
+    return {k: None for k in COMPARED_PROTOCOL}
+
+
+@functools.lru_cache(maxsize=None)
+def family_prompt(env_id: str) -> str | None:
+    """The system prompt the bench plays ``env_id`` with (the env's registered one; the bench never sets
+    another), or None where no installed package registers the env (or can load its prompt)."""
+    from agentgym_opd.registry import UnknownIdError, env_protocol
+
+    try:
+        return env_protocol(env_id).system_prompt
+    except (UnknownIdError, ImportError):  # not installed here, or its prompt's module cannot load
+        return None
+
+
+def record_budget(record: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(rollout episodes, tokens) the training spent: the ``budget`` field, else the bench's section."""
+    if record.get("budget"):
+        return record["budget"]["rollout_episodes"], record["budget"]["tokens"]
+    bench = (record.get("algorithm_config") or {}).get("bench")
+    if isinstance(bench, dict) and isinstance(bench.get("budget_episodes"), int):
+        if record["algorithm"] in REFERENCE_ROWS:  # they train nothing
+            return 0, None
+        return bench["budget_episodes"], None
+    return None, None
+
+
+@dataclass
+class Row:
+    env_id: str
+    split: str
+    algorithm: str
+    student: str
+    teacher: str | None
+    seeds: list[int] = field(default_factory=list)
+    n_episodes: int = 0
+    metrics: dict[str, tuple[float, float]] = field(default_factory=dict)
+    curves: list[list[dict[str, Any]]] = field(default_factory=list)
+    protocol: str = ""  # records.protocol_label: rows evaluated differently are never pooled
+    protocol_short: str = ""  # the same without the eval defaults, for a method's name
+    protocol_shown: str = ""  # the whole protocol with the system prompt as a fingerprint, for a table's column
+    effective_protocol: dict[str, Any] = field(default_factory=dict)
+    budget: tuple[int | None, int | None] = (None, None)
+    origins: list[str] = field(default_factory=list)
+    record_ids: list[str] = field(default_factory=list)  # seed order
+    episodes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # record id -> traces
+    tasks: dict[int, str] = field(default_factory=dict)  # seed -> provenance.tasks_sha256 (where stated)
+
+    @property
+    def display_algorithm(self) -> str:
+        return f"{self.algorithm} [{self.protocol_short}]" if self.protocol_short else self.algorithm
+
+    @property
+    def method_key(self) -> tuple:
+        return (self.algorithm, self.student, self.teacher, self.protocol, self.budget[0], tuple(sorted(set(self.origins))))
+
+    def interval(self, metric: str) -> tuple[float, float, float] | None:
+        """(mean, low, high) of the 95% interval; None if the row lacks the metric."""
+        if metric not in self.metrics:
+            return None
+        mean, se = self.metrics[metric]
+        if len(self.seeds) == 1 and metric in BINARY_METRICS:
+            return (mean, *wilson_interval(mean, self.n_episodes))
+        half = quantile95(len(self.seeds)) * se
+        low, high = mean - half, mean + half
+        if is_rate(metric):
+            low, high = max(0.0, low), min(1.0, high)
+        return mean, low, high
+
+
+def split_key(name: str) -> tuple[int, str]:
+    return (SPLIT_ORDER.index(name) if name in SPLIT_ORDER else len(SPLIT_ORDER), name)
+
+
+@dataclass
+class Method:
+    """One line of a family's ranked table: a method's rows on every env split of the family."""
+
+    algorithm: str
+    student: str
+    teacher: str | None
+    protocol: str
+    display: str
+    shown_protocol: str = ""  # `protocol` with the system prompt as a fingerprint (tables)
+    by_env: dict[str, Row] = field(default_factory=dict)
+    protocol_differs: bool = False
+    other_tasks: bool = False  # an eval record on other tasks than the bench's record of the same env and seed
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted({s for r in self.by_env.values() for s in r.seeds})
+
+    @property
+    def budget(self) -> tuple[int | None, int | None]:
+        for r in self.by_env.values():
+            if r.budget != (None, None):
+                return r.budget
+        return (None, None)
+
+    @property
+    def reproduced(self) -> bool:
+        return any("reproduced" in r.origins for r in self.by_env.values())
+
+
+@dataclass
+class FamilyTable:
+    family: str
+    metric: str  # the primary metric
+    env_ids: list[str]  # split columns, held-out first
+    ranking_env: str
+    methods: list[Method]  # ranked
+    bench_protocol: dict[str, Any] | None
+
+
+
+def aggregate_rows(records: list[dict[str, Any]]) -> list[Row]:
+    """One row per env split x method (algorithm, student, teacher, protocol, budget, origin), pooled over its
+    seeds: one record's own mean and standard error, or the mean of the seed means and their standard error."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["env_id"], r["split"], r["algorithm"], r["student"], r["teacher"], protocol_label(r),
+                           record_budget(r)[0], r.get("origin", "original")), []).append(r)
+    rows = []
+    for (env_id, split, algo, student, teacher, protocol, _episodes, _origin), recs in sorted(
+            groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        recs = sorted(recs, key=lambda r: r["seed"])
+        row = Row(env_id, split, algo, student, teacher, [r["seed"] for r in recs], sum(r["n_episodes"] for r in recs),
+                  protocol=protocol, protocol_short=protocol_label(recs[0], short=True),
+                  protocol_shown=protocol_label(recs[0], fingerprint_prompt=True),
+                  effective_protocol=effective_protocol(recs[0]), budget=record_budget(recs[0]),
+                  origins=[r.get("origin", "original") for r in recs], record_ids=[record_id(r) for r in recs])
+        names = sorted({m for r in recs for m in r["metrics"]})
+        for name in names:
+            vals = [r["metrics"][name] for r in recs if name in r["metrics"]]
+            if len(vals) == 1:
+                row.metrics[name] = (vals[0]["mean"], vals[0]["stderr"])
+            else:
+                means = [v["mean"] for v in vals]
+                mu = sum(means) / len(means)
+                sd = math.sqrt(sum((m - mu) ** 2 for m in means) / (len(means) - 1))
+                row.metrics[name] = (mu, sd / math.sqrt(len(means)))
+        row.curves = [r["curve"] for r in recs if r.get("curve")]
+        row.episodes = {rid: r["episodes"] for rid, r in zip(row.record_ids, recs) if r.get("episodes")}
+        row.tasks = {r["seed"]: r["provenance"]["tasks_sha256"] for r in recs if r.get("provenance")}
+        rows.append(row)
+    return rows
+
+
+def rows_by_family(rows: list[Row]) -> dict[str, list[Row]]:
+    """Rows per env family: families the bench itself evaluated (rows without an eval protocol) first,
+    since that is the table a reader comes for, then the others alphabetically."""
+    out: dict[str, list[Row]] = {}
+    for row in rows:
+        out.setdefault(env_family(row.env_id), []).append(row)
+    return dict(sorted(out.items(), key=lambda kv: (not any(r.protocol == "" for r in kv[1]), kv[0])))
+
+
+def best_values(rows: list[Row], metric: str) -> dict[str, float]:
+    """Best value of `metric` per env split (rows compete only within the same env split); a split
+    where every row has the same value has no best (nothing to highlight when all are 0.000)."""
+    values: dict[str, list[float]] = {}
+    for row in rows:
+        if metric in row.metrics:
+            values.setdefault(f"{row.env_id}|{row.split}", []).append(row.metrics[metric][0])
+    return {key: (min(v) if lower_is_better(metric) else max(v)) for key, v in values.items() if len(set(v)) > 1}
+
+
+def primary_metric(family: str, rows: list[Row]) -> str:
+    names = {m for r in rows for m in r.metrics}
+    headline = HEADLINE_METRICS.get(family)
+    if headline in names:
+        return headline  # type: ignore[return-value]
+    return "success_rate" if "success_rate" in names or not names else sorted(names)[0]
+
+
+def family_tables(rows: list[Row]) -> list[FamilyTable]:
+    """The ranked table of each env family (see the module docstring)."""
+    tables = []
+    for family, frows in rows_by_family(rows).items():
+        metric = primary_metric(family, frows)
+        env_ids = sorted({r.env_id for r in frows}, key=lambda e: split_key(e.split("/", 1)[1]))
+        ranking_env = env_ids[0]
+        methods: dict[tuple, Method] = {}
+        for r in frows:
+            m = methods.setdefault(r.method_key, Method(r.algorithm, r.student, r.teacher, r.protocol, r.display_algorithm,
+                                                        r.protocol_shown))
+            m.by_env[r.env_id] = r
+        bench_rows = [r for r in frows if r.protocol == "" and r.effective_protocol.get("max_turns") is not None]
+        bench = [r.effective_protocol for r in bench_rows]
+        bench_protocol = max(bench, key=lambda p: sum(q == p for q in bench)) if bench else None
+        bench_tasks = {(r.env_id, seed): sha for r in bench_rows for seed, sha in r.tasks.items()}
+        for m in methods.values():
+            proto = next(iter(m.by_env.values())).effective_protocol
+            m.other_tasks = bool(m.protocol) and any(
+                bench_tasks.get((r.env_id, seed), sha) != sha for r in m.by_env.values() for seed, sha in r.tasks.items())
+            m.protocol_differs = bench_protocol is not None and (proto != bench_protocol or m.other_tasks)
+            if m.other_tasks:
+                m.shown_protocol += " (other tasks than the bench's seeds: eval --bench-tasks)"
+            if bench_protocol is not None and not m.protocol_differs and m.protocol:
+                # an `eval` record made with the bench's protocol (README "Publish a result"): named and
+                # shown like the bench's rows, not by its protocol's entries
+                m.display, m.shown_protocol = m.algorithm, "same as bench"
+        # the same method (algorithm, student, teacher) at several budgets: every line of it carries its
+        # budget in the name, whatever its protocol
+        budgets: dict[tuple, set] = {}
+        for key in methods:
+            budgets.setdefault(key[:3], set()).add(key[4])
+        for key, m in methods.items():
+            if len(budgets[key[:3]] - {None}) > 1 and key[4] is not None:
+                m.display += f" ({key[4]} episodes)"
+
+        def rank_key(m: Method) -> tuple:
+            sign = 1.0 if lower_is_better(metric) else -1.0
+            values = []
+            for env_id in env_ids:
+                r = m.by_env.get(env_id)
+                values.append(sign * r.metrics[metric][0] if r and metric in r.metrics else math.inf)
+            return (*values, m.display, m.student)
+
+        tables.append(FamilyTable(family, metric, env_ids, ranking_env, sorted(methods.values(), key=rank_key), bench_protocol))
+    return tables
+
+
+def interval_text(row: Row | None, metric: str) -> str:
+    ci = row.interval(metric) if row is not None else None
+    if ci is None:
+        return "-"
+    mean, low, high = ci
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def error_kinds(table: FamilyTable) -> list[str]:
+    """The error kinds that occur anywhere in the family (the breakdown's columns)."""
+    from agentgym_opd.types import ERROR_KINDS
+
+    seen = {k.split("/", 1)[1] for m in table.methods for r in m.by_env.values() for k in r.metrics if k.startswith("error_rate/")}
+    return [k for k in ERROR_KINDS if k in seen]
