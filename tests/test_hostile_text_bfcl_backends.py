@@ -217,3 +217,37 @@ def test_the_checkers_verdict_crosses_the_pipe_as_bounded_plain_data():
     assert verdict["deep"].startswith("<not printable: RecursionError")
     assert _plain_verdict({"valid": True}) == {"valid": True}
     assert _plain_verdict({"d": {"o": object()}})["d"]["o"].startswith("<object object")
+
+
+@pytest.mark.timeout(900)
+def test_a_memory_episode_survives_its_worker_being_replaced_mid_conversation():
+    """The open conversation is replayed on the snapshot the earlier ones left on disk: the oracle still wins."""
+    from environments.bfcl.backend_host import backend_worker
+
+    env = BfclEnv("memory_kv")
+    task_id = "memory_kv_130-notetaker-0"
+    walkthrough = env.get_task(task_id).privileged["walkthrough"]
+    env.reset(options={"task_id": task_id})
+    kills = 0
+    for i, action in enumerate(walkthrough):
+        obs, reward, terminated, truncated, info = env.step(action)
+        assert info["error"] is None, (i, info["error"])
+        if action.startswith("[") and not terminated:
+            backend_worker()._proc.kill()
+            backend_worker()._proc.wait()
+            kills += 1
+    assert kills >= 2 and terminated and reward == 1.0
+
+
+@pytest.mark.timeout(600)
+def test_backends_that_cannot_be_rebuilt_end_the_episode_with_a_typed_error():
+    from environments.bfcl.backend_host import backend_worker
+
+    env = BfclEnv("multi_turn_base", step_timeout_s=60, checker_timeout_s=0.3)
+    env.reset(options={"task_id": MATH_TASK})
+    step(env, "[power(base=10, exponent=3000000)]")  # ~1 s: fine for a step, too slow to replay in 0.3 s
+    backend_worker()._proc.kill()
+    backend_worker()._proc.wait()
+    obs, error, terminated = step(env, "[ls()]")
+    assert terminated and isinstance(error, StepError) and error.kind == "env_crash"
+    assert "could not be rebuilt" in error.message and env.verdict["valid"] is False

@@ -20,8 +20,9 @@ BFCL's own checker relies on in the same way. For memory episodes, earlier conve
 (the snapshot files BFCL's backend writes when a conversation ends), so only the open conversation is
 replayed.
 
-Cost: one pipe round trip per message (measured in `tests/test_hostile_text_bfcl.py`'s docstring and the
-README), and one worker start (~1 s) per trainer process, or after a bound was hit.
+Cost (2026-12-04, 2-core build machine at load ~15, 204 steps of 30 multi_turn_base walkthroughs, two
+runs each): the median step took 0.29-0.49 ms against 0.10-0.11 ms in-process before, i.e. +0.2-0.4 ms
+for the pipe round trip; plus one worker start (~1 s) per trainer process, or after a bound was hit.
 """
 
 from __future__ import annotations
