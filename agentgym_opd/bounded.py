@@ -65,11 +65,11 @@ def parse_python(source: str, *, mode: str = "exec") -> ast.AST:
     try:
         return ast.parse(source, mode=mode)
     except SyntaxError as exc:
-        where = f"line {exc.lineno}" if exc.lineno else "somewhere"
+        where = f" at line {exc.lineno}" if exc.lineno else ""
         text = (exc.text or "").rstrip()
         if len(text) > 200:
             text = text[:200] + "..."
-        raise UnparsableText(f"SyntaxError at {where}: {exc.msg}" + (f"\n    {text}" if text else "")) from None
+        raise UnparsableText(f"SyntaxError{where}: {exc.msg}" + (f"\n    {text}" if text else "")) from None
     except (MemoryError, RecursionError):
         raise UnparsableText("the text is nested too deeply to parse (a long run of operators, brackets or "
                              "chained expressions); write it flat") from None
@@ -292,7 +292,9 @@ class BoundedWorker:
                 self._kill()
                 raise BoundExceeded("timeout", f"no answer within {timeout_s:g} s") from None
             except (EOFError, OSError, OverflowError, pickle.UnpicklingError, struct.error) as exc:
-                code = self._proc.poll() if self._proc is not None else None
+                code = None
+                with contextlib.suppress(Exception):
+                    code = self._proc.wait(timeout=2) if isinstance(exc, EOFError) else self._proc.poll()
                 self._kill()
                 raise BoundExceeded("crash", f"the {self.name} died ({type(exc).__name__}, exit status {code})") from None
             status = reply[0]
