@@ -60,6 +60,7 @@ def test_sft_with_context_clones_the_walkthrough_the_context_spells_out():
         assert [t.action for t in ep.turns] == env.get_task(task_id).privileged["walkthrough"]
 
 
+@pytest.mark.slow
 def test_sft_raises_walkthrough_likelihood_and_success_on_training_tasks(tmp_path):
     """Measured (seed 0, 2 training tasks, lr 3e-3, 80 steps): greedy success 0/2 -> 2/2, NLL 6.6 -> <0.01."""
     config = load_config(None, ["algorithm=sft", f"env={ENV}", "model.student=tiny", "model.device=cpu",

@@ -45,6 +45,7 @@ def first_run(tmp_path_factory):
     return tmp_path, proc, records_of(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_records_validate_one_per_algorithm_split_and_seed(first_run):
     _, _, records = first_run
     for r in records:
@@ -57,6 +58,7 @@ def test_records_validate_one_per_algorithm_split_and_seed(first_run):
     assert all(r["teacher"] is None for r in records)  # neither sft nor grpo needs a teacher: none trained
 
 
+@pytest.mark.slow
 def test_every_algorithm_gets_the_same_rollout_budget_and_logs_a_training_curve(first_run):
     tmp_path, _, records = first_run
     trained = [r for r in records if r["algorithm"] != "warm_start"]
@@ -73,6 +75,7 @@ def test_every_algorithm_gets_the_same_rollout_budget_and_logs_a_training_curve(
             assert "curve" not in r
 
 
+@pytest.mark.slow
 def test_leaderboard_has_a_row_per_algorithm_and_the_baseline_and_the_table_is_printed(first_run):
     tmp_path, proc, _ = first_run
     board = tmp_path / "out/leaderboard"
@@ -94,6 +97,7 @@ def test_leaderboard_has_a_row_per_algorithm_and_the_baseline_and_the_table_is_p
     assert row["seeds"] == [0, 1] and set(row["metrics"]["success_rate"]) == {"mean", "stderr"}
 
 
+@pytest.mark.slow
 def test_rerun_reuses_the_warm_start_reproduces_numbers_and_reports_a_failing_algorithm(first_run):
     tmp_path, _, before = first_run
     # --jobs 1 runs everything in this one process; the first run used a worker per core: same numbers
@@ -139,6 +143,7 @@ def base_run(tmp_path_factory):
     return tmp_path, proc, records_of(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_base_pair_rows_context_row_intervals_and_paired_tables(base_run):
     tmp_path, proc, records = base_run
     got = sorted((r["algorithm"], r["env_id"], r["seed"]) for r in records)

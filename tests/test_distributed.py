@@ -221,6 +221,7 @@ def assert_same_weights(got: dict, want: dict) -> float:
     return worst
 
 
+@pytest.mark.slow
 def test_the_batches_make_the_comparison_meaningful(batches, references, tmp_path):
     """Shards hold different token counts, clipping is active, weights move (every method)."""
     ctx0, ctx1 = D.DistContext(rank=0, world_size=WORLD), D.DistContext(rank=1, world_size=WORLD)
@@ -269,6 +270,7 @@ def test_per_rank_rollouts_are_the_shards_of_the_one_process_batch():
     assert len({tuple(e.input_ids) for e in whole.episodes}) == 4  # sampled, not all the same
 
 
+@pytest.mark.slow
 def test_sharding_rules(batches):
     with pytest.raises(ValueError, match="5 rows does not split evenly over world size 2"):
         D.shard_rows(5, 0, 2)
@@ -316,6 +318,7 @@ def _train_cli(out, *prefix: str, strategy: str = "none") -> list[str]:
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.slow
 def test_train_command_under_torchrun_matches_one_process(tmp_path, strategy):
     """`torchrun --nproc_per_node 2 -m agentgym_opd.cli train ... train.strategy=X` is the one-process run."""
     import json

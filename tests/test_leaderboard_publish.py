@@ -32,6 +32,7 @@ def committed_records() -> list[dict]:
 # ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_committed_page_matches_what_build_makes_from_the_committed_records(tmp_path):
     out = subprocess.run(CLI + ["leaderboard", "--root", str(COMMITTED), "build", "--check"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -79,6 +80,7 @@ def test_task_hash_follows_ids_and_content():
     assert tasks_sha256(changed) != base  # content, not just ids
 
 
+@pytest.mark.slow
 def test_weights_hash_follows_the_weights():
     import torch
 
@@ -117,6 +119,7 @@ def test_bench_command_rebuilt_from_settings_means_the_same_settings(quick, flag
 # ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_plugin_methods_record_is_accepted_and_a_different_protocol_is_marked(tmp_path):
     board = Leaderboard(tmp_path / "lb")
     bench_section = {"bench": {"max_new_tokens": 16, "max_turns": 8, "budget_episodes": 64}}
@@ -198,6 +201,7 @@ def eval_record(tmp_path: Path, command_tail: list[str]) -> dict:
     return record
 
 
+@pytest.mark.slow
 def test_reproduce_reruns_a_cpu_record_and_gets_the_same_numbers(tmp_path):
     record = eval_record(tmp_path, ["--policy", "random", "--env", "household/valid_seen", "--episodes", "6"])
     env = agentgym_opd.make("household/valid_seen")
@@ -257,6 +261,7 @@ def test_reproduce_one_committed_bench_record_gives_the_same_number(tmp_path):
     assert "same numbers" in out.stdout
 
 
+@pytest.mark.slow
 def test_stamp_hashes_the_evaluated_models_weights_and_chat_template(tmp_path):
     from agentgym_opd.policy.hf import HFPolicy
     from agentgym_opd.policy.tiny import default_tiny_model

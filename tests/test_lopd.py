@@ -150,6 +150,7 @@ def test_one_real_update_moves_student_and_composer(setup):
     assert state["beta"] == algo.beta and any("queries" in k for k in state["composer"])
 
 
+@pytest.mark.slow
 def test_cli_run_checkpoint_is_student_only(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "agentgym_opd.cli", "train", "--algo", "lopd", "--env", ENV, "--student", "tiny",

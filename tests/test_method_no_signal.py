@@ -147,6 +147,7 @@ def test_a_batch_without_signal_leaves_weights_and_optimiser_bit_identical(name,
         assert_identical(before, snapshot(algo))
 
 
+@pytest.mark.slow
 def test_the_trainer_ticks_its_scheduler_only_after_an_optimiser_step(tmp_path):
     from agentgym_opd.config import load_config
     from agentgym_opd.trainer import Trainer
@@ -196,6 +197,7 @@ def _rank_main(rank: int, port: int, batch_file: str, out_dir: str) -> None:
     D.teardown(ctx)
 
 
+@pytest.mark.slow
 def test_two_ranks_agree_one_rank_with_signal_steps_both_and_none_skips_both(rollout, tmp_path):
     mixed = copy.deepcopy(rollout)
     mixed.rewards = torch.tensor([0.0, 0.0, 0.0, 1.0])  # rank 0's group: advantages 0; rank 1's: +-1

@@ -47,6 +47,7 @@ def test_nested_phase_time_is_taken_out_of_its_parent_and_peaks_are_read(monkeyp
     assert "time/outside_s" not in meter.record()
 
 
+@pytest.mark.slow
 def test_every_opd_step_logs_rollout_teacher_and_update(tmp_path):
     from agentgym_opd.config import load_config
     from agentgym_opd.trainer import Trainer, algorithm_class

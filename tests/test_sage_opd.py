@@ -281,6 +281,7 @@ def test_one_real_update_moves_the_student_towards_the_teacher_and_logs_the_turn
     assert first["turns_error_forced"] >= 1 and first["share_strong"] > 0
 
 
+@pytest.mark.slow
 def test_registered_and_runs_from_the_cli_with_a_teacher_checkpoint(setup, tmp_path):
     _, teacher, _ = setup
     assert "sage_opd" in algorithm_registry.ids()

@@ -66,6 +66,7 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("algo,extra", [("sft", ()), ("grpo", ("rollout.group_size=2", "rollout.temperature=1.0"))])
+@pytest.mark.slow
 def test_killed_and_resumed_run_equals_the_uninterrupted_run(tmp_path, algo, extra):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run_to_end(train_command(algo, straight, *extra), tmp_path)

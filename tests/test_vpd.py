@@ -222,6 +222,7 @@ def test_one_sided_batches_train_unpaired_or_defer_the_e_step(fresh):
         batch.episodes[0].success = True
 
 
+@pytest.mark.slow
 def test_cli_trains_vpd_and_logs_its_phases(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "agentgym_opd.cli", "train", "--algo", "vpd", "--env", ENV, "--student", "tiny",
