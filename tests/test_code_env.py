@@ -49,6 +49,7 @@ def mbpp(shared_data) -> CodeEnv:
     return make("code/mbpp", data_root=shared_data)
 
 
+@pytest.mark.slow
 def test_all_164_humaneval_canonical_solutions_pass(humaneval):
     ids = humaneval.task_ids()
     assert len(ids) == 164 and ids[0] == "HumanEval/0"

@@ -73,6 +73,7 @@ def board(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_ranked_table_fits_1280_pixels_with_every_method_and_interval(board, tmp_path):
     records = Leaderboard(board).load_records()
     page = board / "probe.html"
@@ -94,6 +95,7 @@ def test_ranked_table_fits_1280_pixels_with_every_method_and_interval(board, tmp
     assert "<svg" in dom and "rollout episodes" in dom  # the matplotlib curve, as SVG text
 
 
+@pytest.mark.slow
 def test_page_screenshot_shows_the_ranked_table(board, tmp_path):
     shot = tmp_path / "leaderboard.png"
     out = run_chromium(tmp_path, f"--screenshot={shot}", (board / "index.html").as_uri())
@@ -108,6 +110,7 @@ def test_page_screenshot_shows_the_ranked_table(board, tmp_path):
     assert header > 500 and text > 1000, (header, text)
 
 
+@pytest.mark.slow
 def test_episode_view_of_a_distillation_run_shades_tokens_by_divergence(board, tmp_path):
     records = Leaderboard(board).load_records()
     from evaluation.records import record_id
@@ -130,6 +133,7 @@ def test_episode_view_of_a_distillation_run_shades_tokens_by_divergence(board, t
     assert red > 30, red
 
 
+@pytest.mark.slow
 def test_sort_and_protocol_filter_work_without_a_server(tmp_path):
     board = Leaderboard(tmp_path / "lb")
     board.add(make_record("opd", 0, 0.5))

@@ -175,6 +175,7 @@ def test_a_mixture_env_plays_each_task_in_its_own_env():
                                               system_prompt="").action_parser == "text"
 
 
+@pytest.mark.slow
 def test_train_with_two_teachers_routed_by_env_logs_each_teachers_token_share(tmp_path, capsys):
     from agentgym_opd.cli import main
     from agentgym_opd.policy.loading import resolve_policy

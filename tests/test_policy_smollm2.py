@@ -26,6 +26,7 @@ def test_gguf_ships_in_the_wheel():
     assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000
 
 
+@pytest.mark.slow
 def test_smollm2_generates_a_sensible_answer(smol):
     assert sum(p.numel() for p in smol.model.parameters()) > 100_000_000
     ids = smol.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
@@ -33,6 +34,7 @@ def test_smollm2_generates_a_sensible_answer(smol):
     assert "Paris" in gen.text
 
 
+@pytest.mark.slow
 def test_smollm2_real_episode_scores_line_up(smol):
     engine = RolloutEngine(smol, SamplingParams(max_new_tokens=10, temperature=0.7, seed=0),
                            system_prompt="You control a household robot. Reply with one command, e.g. go to countertop 1.")

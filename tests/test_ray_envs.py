@@ -21,6 +21,8 @@ from agentgym_opd.policy.scripted import RandomAdmissibleAgent, ScriptedPolicy, 
 from agentgym_opd.types import StepError, Task
 from agentgym_opd.vector import VectorTextEnv
 
+pytestmark = pytest.mark.slow  # every test runs under a module-wide Ray cluster (ray.init starts workers)
+
 HALF_CPU = {"num_cpus": 0.5}  # room for replacement actors on the 2-CPU test cluster
 
 

@@ -29,6 +29,7 @@ def test_all_thirty_tasks_are_registered():
 
 
 @pytest.mark.parametrize("task", ["find-living-thing", "chemistry-mix-paint-secondary-color", "lifespan-longest-lived"])
+@pytest.mark.slow
 def test_gold_path_reaches_score_100(task):
     env = make(f"scienceworld/{task}", split="dev", max_tasks=2)
     step, terminated = _replay(env, env.task_ids()[0])
@@ -36,6 +37,7 @@ def test_gold_path_reaches_score_100(task):
     env.close()
 
 
+@pytest.mark.slow
 def test_splits_invalid_actions_lazy_extras_and_jvm_crash():
     env = make("scienceworld/find-plant", split="train", valid_actions=True, extras=True)
     train_ids = env.task_ids()
@@ -64,6 +66,7 @@ def test_splits_invalid_actions_lazy_extras_and_jvm_crash():
     env.close()
 
 
+@pytest.mark.slow
 def test_lazy_step_leaves_out_the_extras_and_check_env_passes():
     env = make("scienceworld/find-animal", split="dev", max_tasks=1)
     _, info = env.reset(options={"task_id": env.task_ids()[0]})

@@ -182,6 +182,7 @@ def test_bm25_retrieves_a_supporting_passage(bm25_env, dev):
     assert recall >= 0.8
 
 
+@pytest.mark.slow
 def test_dense_retrieves_a_supporting_passage(dense_index, dense_dev):
     examples, _ = dense_dev
     recall = _recall_any(dense_index, examples, 5)
@@ -189,6 +190,7 @@ def test_dense_retrieves_a_supporting_passage(dense_index, dense_dev):
     assert recall >= 0.7
 
 
+@pytest.mark.slow
 def test_dense_env_reuses_the_cached_index(dense_index, shared_data, cache_dir):
     start = time.perf_counter()
     env = SearchQAEnv("dev", data_root=shared_data, cache_dir=cache_dir, retriever="dense",

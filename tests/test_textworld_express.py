@@ -8,6 +8,8 @@ from gymnasium.utils.env_checker import check_env
 from agentgym_opd.registry import make
 from environments.textworld_express.env import TextWorldExpressTextEnv
 
+pytestmark = pytest.mark.slow  # every test starts TextWorldExpress's JVM
+
 
 @pytest.fixture(scope="module")
 def coin():
