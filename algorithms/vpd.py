@@ -19,7 +19,8 @@ An E-step is ``algo.e_updates`` optimiser steps at ``e_lr_scale`` times the lear
 M-step (distil into the student view). The student, WITHOUT ``C``, minimises the per-token divergence
 (``algo.divergence``, reverse KL by default) to the live teacher ``q(. | x, C, h_t)`` on its own rollouts,
 with no gradient through the teacher. ``m_steps_per_e_step`` M-steps per E-step (asymmetric counts):
-``algo.schedule=alternate`` runs one phase per batch, ``inner`` the E-step then the M-steps on each batch.
+``algo.schedule=alternate`` runs one phase per batch, ``inner`` the E-step then the M-steps on each batch
+(the schedule and its counters: :mod:`algorithms.vpd_phases`).
 
 Feedback ``C`` (``algo.feedback``, '+'-joined): ``env`` (the episode's textual feedback, or its outcome and
 errors where the env gave none), ``sibling`` (a successful rollout of the same task), ``critique`` (the
@@ -46,6 +47,7 @@ from agentgym_opd.distill import (AlignedTeacher, DistillConfig, DistillState, D
 from agentgym_opd.losses import RunningMean, bco_implicit_reward, bco_row_losses
 from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.rollout import RolloutBatch, RolloutEngine
+from algorithms.vpd_phases import Phase, plan_steps  # noqa: F401 (Phase re-exported)
 
 FEEDBACK_SOURCES = ("env", "sibling", "critique")
 INSTRUCTION = "Solve the original task correctly."
@@ -98,26 +100,6 @@ def context_logprobs(model: Any, inputs: TeacherInputs, targets: torch.Tensor, w
     index = torch.arange(width - 1, device=device)[None, :] + inputs.offsets.to(device)[:, None]
     shifted = own.gather(1, index.clamp(0, own.shape[1] - 1))
     return torch.where(index < own.shape[1], shifted, torch.zeros_like(shifted))  # beyond the end: masked anyway
-
-
-@dataclass
-class Phase:
-    """Which step the next update runs, from the counters VPD checkpoints."""
-
-    e_steps: int = 0
-    m_steps: int = 0
-    m_since_e: int = 0
-
-    def e_due(self, m_per_e: int) -> bool:
-        return self.e_steps == 0 or self.m_since_e >= m_per_e
-
-    def ran_e(self) -> None:
-        self.e_steps += 1
-        self.m_since_e = 0
-
-    def ran_m(self) -> None:
-        self.m_steps += 1
-        self.m_since_e += 1
 
 
 def repeat_tasks(tasks: list[str], group: int) -> list[str]:
@@ -197,28 +179,13 @@ class VPD(DistillationAlgorithm):
         kept = torch.tensor([c is not None for c in contexts])
         success = torch.tensor([ep.success for ep in batch.episodes])
         state = VPDState(contexts=contexts, success=success)
-        c = self.config
-        metrics = {"masked_fraction": 1.0 - float(kept.float().mean()), "phase_e": 0.0, "phase_m": 0.0,
-                   "e_skipped": 0.0, "nothing_to_learn": 0.0,
-                   "bco_chosen": float((kept & success).sum()), "bco_rejected": float((kept & ~success).sum())}
         from agentgym_opd import distributed as D
 
         counts = D.all_reduce_sum_list([float(kept.sum()), float((kept & success).sum()), float((kept & ~success).sum())],
                                        self.dist)  # every rank must plan the same steps
-        if counts[0] == 0:  # no row has any feedback: nothing to learn, and no optimiser step (no drift)
-            metrics["nothing_to_learn"] = 1.0
-            state.metrics = metrics
-            return state
-        run_e = c.schedule == "inner" or self.phase.e_due(c.m_steps_per_e_step)
-        if run_e and c.one_sided == "skip" and (counts[1] == 0 or counts[2] == 0):
-            run_e, metrics["e_skipped"] = False, 1.0
-        if run_e:
-            state.plan += [Step("e", c.e_lr_scale)] * c.e_updates
-            metrics["phase_e"] = 1.0
-        if c.schedule == "inner" or not run_e:
-            state.plan += [Step("m")] * (c.m_steps_per_e_step if c.schedule == "inner" else 1)
-            metrics["phase_m"] = 1.0
-        state.metrics = metrics
+        state.plan, schedule = plan_steps(self.config, self.phase, *counts)
+        state.metrics = {"masked_fraction": 1.0 - float(kept.float().mean()), **schedule,
+                         "bco_chosen": float((kept & success).sum()), "bco_rejected": float((kept & ~success).sum())}
         return state
 
     def steps(self, state: VPDState) -> list[Step]:
@@ -295,13 +262,13 @@ class VPD(DistillationAlgorithm):
 
     # ------------------------------------------------------------------ state
     def extra_state(self) -> dict[str, Any]:
-        return {"delta": self.delta.state_dict(), "phase": vars(self.phase).copy()}
+        return {"delta": self.delta.state_dict(), "phase": self.phase.state_dict()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         if "delta" in state:
             self.delta.load_state_dict(state["delta"])
         if "phase" in state:
-            self.phase = Phase(**state["phase"])
+            self.phase = Phase.from_state(state["phase"])
 
 
 def env_feedback(episode: Any) -> str:

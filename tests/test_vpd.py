@@ -19,7 +19,8 @@ from agentgym_opd.losses import RunningMean, bco_implicit_reward, bco_loss, toke
 from agentgym_opd.registry import algorithm_registry
 from agentgym_opd.algorithm import Step
 from agentgym_opd.distill import successful_sibling
-from algorithms.vpd import VPD, Phase, VPDConfig, context_logprobs, env_feedback, repeat_tasks
+from algorithms.vpd import VPD, VPDConfig, context_logprobs, env_feedback, repeat_tasks
+from algorithms.vpd_phases import Phase
 from tiny_rollouts import HOUSEHOLD as ENV
 from tiny_rollouts import tiny_household_rollout
 

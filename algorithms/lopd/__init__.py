@@ -4,7 +4,8 @@ Experience. The student's successful training episodes (instruction + compact ac
 into an :class:`experience_bank.ExperienceBank` (``algo.bank_path``, else ``<output_dir>/experience_bank``).
 The bank holds successful rollouts only, as in the paper; ``algo.seed_walkthroughs`` also puts each task's
 expert walkthrough in (not the paper's setting). Under torchrun every rank adds every rank's successes, so
-all ranks retrieve from the same bank.
+all ranks retrieve from the same bank. The bookkeeping (what is banked, the search, where the bank lives,
+its checkpoint) is :mod:`algorithms.lopd.experience`; this module keeps the method.
 
 Retrieval rule (what keeps LOPD apart from OPSD and SDPO, ``METHODS.md``: "never an experience of the
 current task"). For an episode of task X, the top-J experiences by instruction similarity are taken from
@@ -44,9 +45,6 @@ Ablations: ``algo.train_composer=false`` (frozen composer), ``algo.margin=false`
 from __future__ import annotations
 
 import copy
-import shutil
-import tempfile
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -60,6 +58,9 @@ from agentgym_opd.losses import token_logprobs, topm_distillation
 from agentgym_opd.policy.hf import (can_chunk, chunk_positions, chunked_over_positions, final_hidden_states,
                                    output_head, output_logits)
 from algorithms.lopd.composer import LatentComposer, plain_backbone
+from algorithms.lopd.experience import (bank_entries, bank_entry, experiences_to_bank, from_every_rank,  # noqa: F401
+                                        open_bank, restore_bank, retrieve_other_tasks, same_task,
+                                        walkthrough_experience)
 from agentgym_opd.rollout import RolloutBatch
 from agentgym_opd.types import Episode
 
@@ -97,22 +98,6 @@ class LOPDState(DistillState):
     """Per batch: the experiences retrieved for each row (empty: the row is masked out)."""
 
     found: list[list[Any]] = field(default_factory=list)
-
-
-def same_task(experience: Any, task: Any) -> bool:
-    """Whether a banked experience is of ``task`` (same env and task id): LOPD never retrieves those."""
-    return experience.env_id == task.env_id and experience.task_id == task.id
-
-
-def walkthrough_experience(episode: Episode):
-    """The task's expert walkthrough as an Experience (actions only), or None."""
-    from experience_bank import Experience
-
-    walk = (episode.task.privileged or {}).get("walkthrough")
-    if not walk:
-        return None
-    return Experience(episode.task.env_id, episode.task.id, episode.task.instruction, [(a, "") for a in walk],
-                      metadata={"source": "walkthrough"})
 
 
 def latent_teacher_hidden(model: Any, context: Sequence[torch.Tensor | None], batch: RolloutBatch, rows: slice,
@@ -188,17 +173,7 @@ class LOPD(DistillationAlgorithm):
     def bank(self) -> Any:
         """The experience bank, opened on first use (under torchrun each rank keeps its own copy)."""
         if self._bank is None:
-            from agentgym_opd.embedding import HashingEmbedder, SentenceEmbedder
-            from experience_bank import ExperienceBank
-
-            c = self.config
-            folder = c.bank_path or (f"{self.work_dir}/experience_bank" if self.work_dir else None)
-            if folder is None:  # no run folder to keep it in: a scratch bank, deleted with this algorithm
-                folder = tempfile.mkdtemp(prefix="lopd_bank_")
-                weakref.finalize(self, shutil.rmtree, folder, ignore_errors=True)
-            if self.dist.world_size > 1:
-                folder = f"{folder}/rank{self.dist.rank}"
-            self._bank = ExperienceBank(folder, HashingEmbedder() if c.embedder == "hashing" else SentenceEmbedder())
+            self._bank = open_bank(self.config, self.work_dir, self.dist, owner=self)
         return self._bank
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
@@ -210,42 +185,13 @@ class LOPD(DistillationAlgorithm):
 
     def remember(self, episodes: Sequence[Episode]) -> None:
         """Bank every rank's successful episodes (and, once per task, its walkthrough when seeding is on)."""
-        from experience_bank import trace_from_episode
-
-        items: list[Any] = [trace_from_episode(ep) for ep in episodes if ep.success]
-        if self.config.seed_walkthroughs:
-            for ep in episodes:
-                if ep.task.id not in self._seeded:
-                    self._seeded.add(ep.task.id)
-                    walk = walkthrough_experience(ep)
-                    if walk is not None:
-                        items.append(walk)
-        if self.dist.enabled:
-            import torch.distributed as dist
-
-            gathered: list[Any] = [None] * self.dist.world_size
-            dist.all_gather_object(gathered, items)
-            items = [item for part in gathered for item in part]
+        items = from_every_rank(experiences_to_bank(episodes, self._seeded, self.config.seed_walkthroughs), self.dist)
         if items:
             self.bank.add_many(items)
 
     def retrieve(self, episode: Episode) -> list[Any]:
-        """Top-J experiences of OTHER tasks of the episode's env, best first (the retrieval rule in the module
-        docstring: nothing of the episode's own task, hence never its own trace).
-
-        The bank ranks by similarity and an experience of the same task ranks first (identical instruction),
-        so the search widens (doubling ``k``) until J others are found or the env's experiences run out."""
-        task = episode.task
-        wanted = self.config.num_experiences
-        available = self.bank.count(task.env_id)
-        k = min(2 * wanted, available)
-        while k > 0:
-            found = self.bank.retrieve(task, k=k, env_id=task.env_id)
-            others = [e for e in found if not same_task(e, task)]
-            if len(others) >= wanted or k >= available:
-                return others[:wanted]
-            k = min(2 * k, available)
-        return []
+        """Top-J experiences of OTHER tasks of the episode's env, best first (the retrieval rule)."""
+        return retrieve_other_tasks(self.bank, episode.task, self.config.num_experiences)
 
     # ------------------------------------------------------------------ teacher
     def prepare(self, batch: RolloutBatch) -> LOPDState:
@@ -308,7 +254,7 @@ class LOPD(DistillationAlgorithm):
     # ------------------------------------------------------------------ state
     def extra_state(self) -> dict[str, Any]:
         return {"beta": self.beta, "composer": self.composer.trainable_state(), "seeded": sorted(self._seeded),
-                "bank": [bank_entry(e) for e in self.bank.store.get(self.bank.store.ids().tolist())]}
+                "bank": bank_entries(self.bank)}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.beta = float(state.get("beta", self.beta))
@@ -318,24 +264,3 @@ class LOPD(DistillationAlgorithm):
         if "bank" in state:
             restore_bank(self.bank, state["bank"])
 
-
-def bank_entry(experience: Any) -> dict[str, Any]:
-    """An experience as checkpoint data (no id: ids are the bank's own)."""
-    return {"env_id": experience.env_id, "task_id": experience.task_id, "instruction": experience.instruction,
-            "trace": [list(step) for step in experience.trace], "score": experience.score,
-            "metadata": dict(experience.metadata)}
-
-
-def restore_bank(bank: Any, entries: Sequence[dict[str, Any]]) -> None:
-    """Make ``bank`` hold exactly the checkpoint's experiences: drop what was added after it, add what is missing."""
-    from experience_bank import Experience
-
-    wanted = [Experience(e["env_id"], e["task_id"], e["instruction"], [tuple(s) for s in e["trace"]], e["score"],
-                         e["metadata"]) for e in entries]
-    keep = {(e.env_id, e.trace_hash()) for e in wanted}
-    for existing in bank.store.get(bank.store.ids().tolist()):
-        if (existing.env_id, existing.trace_hash()) not in keep:
-            bank.delete(existing.id)
-    if wanted:
-        bank.add_many(wanted)
-    bank.flush()
