@@ -2,8 +2,8 @@
 
 Teacher: a separate frozen model (``--teacher PATH``), exactly as in :mod:`algorithms.opd`; it re-scores the
 student's own tokens given the same history (a teacher of another tokenizer: its own tokens of the student's
-text, on merged spans, and its turn confidence is its mean top-1 probability over its own tokens of the turn). What SAGE-OPD adds
-is *which turns* of a multi-turn rollout the student learns from, and how much.
+text, on merged spans, and its turn confidence is its mean top-1 probability over its own tokens of the turn).
+What SAGE-OPD adds is *which turns* of a multi-turn rollout the student learns from, and how much.
 
 1. **Segment** each student episode into turns by the env's turn boundaries: every agent token carries
    its turn index (``RolloutBatch.turn_index``) and ``Episode.turns[k].error`` is the env's

@@ -358,8 +358,10 @@ def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
         assert out.returncode == 0, (args, out.stderr[-2000:])
         return out
 
-    cli("train", "--algo", "my_opd", "--env", "household/train", "--student", "tiny", "--teacher", "tiny",
-        "--env-arg", "num_tasks=2", "--output-dir", "runs/my_opd", "--no-progress",
+    # the bench's starting point by its short names, as the guide's step 2 (a fresh machine has no cache folders)
+    cli("train", "--algo", "my_opd", "--env", "household/train", "--student", "household-student",
+        "--teacher", "household-teacher", "--env-arg", "status_line=true", "--env-arg", "goal_in_view=true",
+        "--env-arg", "turn_counter=true", "--output-dir", "runs/my_opd", "--no-progress",
         "train.steps=2", "rollout.tasks_per_step=2", "rollout.max_turns=4", "rollout.max_new_tokens=8")
     command = ["eval", "--policy", "runs/my_opd", "--env", "household/valid_unseen", "--episodes", "100",
                "--bench-tasks", "--max-context-tokens", "4096", "--max-new-tokens", "16", "--max-turns", "20", "--env-arg", "status_line=true",
@@ -370,6 +372,7 @@ def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
     cli("leaderboard", "--root", "lb", "add", "rec.json")
     record = json.loads((tmp_path / "rec.json").read_text())
     assert record["algorithm"] == "my_opd" and record["budget"]["rollout_episodes"] == 4  # 2 steps x 2 tasks
+    assert record["student"] == "household-student-64x2-1000steps"  # named as the bench's rows, not by a path
     md = (tmp_path / "lb" / "LEADERBOARD.md").read_text()
     row = next(line for line in md.splitlines() if "| my_opd |" in line and line.startswith("| ") and line[2].isdigit())
     # greedy, 16 tokens, 20 turns, text parser, the env's prompt and the bench's env options, on the bench's
