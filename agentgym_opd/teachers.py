@@ -125,7 +125,8 @@ class RoutingRule:
                 return name
         if not self.routes and key in self.names:
             return key
-        rules = ", ".join(f"{p} -> {n}" for p, n in self.routes) or f"a teacher named after the key ({', '.join(self.names)})"
+        rules = (", ".join(f"{p} -> {n}" for p, n in self.routes)
+                 or f"a teacher named after the key ({', '.join(self.names)})")
         raise ValueError(f"task {task.id!r}: no teacher for {self.by}={key!r} (rules: {rules}); add a route in "
                          f"model.teacher_routes, e.g. \"model.teacher_routes={{'{key}': {self.names[0]}}}\"")
 

@@ -250,7 +250,8 @@ def build_span_index(parts: Iterable[tuple[list[int], list[int], list[int], list
     return SpanIndex(as_long(s_pos), as_long(s_span), as_long(t_pos), as_long(t_span), count)
 
 
-def span_sums(student_logp: torch.Tensor, teacher_logp: torch.Tensor, index: SpanIndex) -> tuple[torch.Tensor, torch.Tensor]:
+def span_sums(student_logp: torch.Tensor, teacher_logp: torch.Tensor,
+              index: SpanIndex) -> tuple[torch.Tensor, torch.Tensor]:
     """``(student [n], teacher [n])``: each side's log-probs summed over its tokens of every span.
 
     ``student_logp`` / ``teacher_logp`` are flat per-token log-probs (any shape, flattened) indexed by

@@ -95,7 +95,8 @@ class OPD(DistillationAlgorithm):
     def routed_to(self, name: str) -> Iterator[None]:
         """Within the block this is a single-teacher OPD whose teacher is ``name`` of the set (and its path)."""
         saved = self.teacher, self.cross, self.teacher_set
-        self.teacher, self.cross = self.teacher_set.teachers[name], self.cross_teachers[name]  # type: ignore[union-attr]
+        members = self.teacher_set.teachers  # type: ignore[union-attr]
+        self.teacher, self.cross = members[name], self.cross_teachers[name]
         self.teacher_set = None
         try:
             yield
