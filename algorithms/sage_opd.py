@@ -16,8 +16,9 @@ What SAGE-OPD adds is *which turns* of a multi-turn rollout the student learns f
    - every other turn is judged by the **teacher**: its own chat template renders the history up to and
      including the turn's action and the env's answer / feedback, and asks for exactly one of the labels.
      All such turns of the batch go to ONE greedy ``teacher.generate`` call (``algo.judge_max_new_tokens``
-     tokens). The answer is read by :func:`parse_verdict` (after any ``</think>``; case, punctuation, the
-     first label word that occurs). An unreadable verdict gets ``algo.default_label``.
+     tokens). The answer is read by :func:`algorithms.sage_judge.parse_verdict` (after any ``</think>``;
+     case, punctuation, the first label word that occurs). An unreadable verdict gets ``algo.default_label``.
+     The judge (prompt, transcript, verdict parsing) lives in :mod:`algorithms.sage_judge`.
    - ``algo.judge=errors_only`` skips the judge call: non-error turns get ``algo.default_label``
      (a tiny teacher's verdicts are noise; this keeps the error-first selection and the confidence).
 3. **Confidence** ``c_t = (1/|a_t|) sum_i max_v p_T(v | h_t, a_{t,<i})``: the teacher's mean top-1
@@ -45,10 +46,9 @@ judged like clean ones; the judge's chat template is rendered with thinking off
 
 from __future__ import annotations
 
-import re
 import warnings
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
@@ -56,23 +56,11 @@ from agentgym_opd.algorithm import LossTerm, Step, agent_mask
 from agentgym_opd.config import constrained
 from agentgym_opd.distill import AlignedTeacher, DistillState, TeacherInputs, aligned_teacher_scores
 from agentgym_opd.policy.hf import chunk_positions, output_head
-from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.rollout import RolloutBatch
-from agentgym_opd.types import Episode
 from algorithms.opd import OPD, OPDConfig
-
-LABELS: tuple[str, ...] = ("skip", "weak", "strong")
-
-AGENT_ERRORS = frozenset({"invalid_action", "parse_error", "tool_error", "runtime_error"})  # not env faults
-NEGATIONS = frozenset({"not", "no", "never", "isnt", "nor", "without", "t"})  # "t": the tail of isn't, wasn't...
-
-JUDGE_SYSTEM = ("You review one turn of an agent acting in a text environment and decide how much the agent "
-                "should learn from it. Reply with exactly one word: Skip, Weak or Strong.")
-JUDGE_QUESTION = ("How much should the agent learn from turn {k}?\n"
-                  "Strong: a mistake, or a decisive step it must get right.\n"
-                  "Weak: acceptable, but it could be better.\n"
-                  "Skip: correct and routine, nothing to learn.\n"
-                  "Answer with one word: Skip, Weak or Strong.")
+from algorithms.sage_judge import (AGENT_ERRORS, JUDGE_QUESTION, JUDGE_SYSTEM, LABELS,  # noqa: F401 (re-exported)
+                                   NEGATIONS, TurnVerdicts, agent_error, error_first_verdicts, judge_prompt,
+                                   judge_template, judge_turns, parse_verdict, transcript)
 
 
 @dataclass
@@ -91,134 +79,6 @@ class SAGEOPDConfig(OPDConfig):
     judge_history_turns: int = constrained(6, ge=0, help="earlier turns shown to the judge before the judged one")
     judge_max_prompt_tokens: int = constrained(1536, ge=64, help="longest judge prompt; older history is dropped first")
     use_confidence: bool = constrained(True, help="multiply by the teacher's mean top-1 probability (False: c_t = 1)")
-
-
-# ----------------------------------------------------------------------------------------------------
-# Verdicts: parsing the judge's answer, and the labels of a batch
-# ----------------------------------------------------------------------------------------------------
-
-
-def parse_verdict(text: str | None) -> str | None:
-    """The first label the answer names (``"skip"``, ``"weak"``, ``"strong"``), or None if it names none.
-
-    Only the text after the last ``</think>`` counts (a thinking teacher's reasoning is not its verdict; an
-    unfinished ``<think>`` is no verdict). Robust to case, punctuation and markup ("**STRONG**.",
-    "label: weak") and inflections ("strongly", "skipped"); a word right after a negation ("not strong")
-    does not count. No synonyms: filler such as "Okay" or "fine" is not a verdict.
-    """
-    if not text:
-        return None
-    if "</think>" in text:
-        text = text.rsplit("</think>", 1)[1]
-    elif "<think>" in text:
-        return None
-    words = re.findall(r"[a-z]+", text.lower())
-    for position, word in enumerate(words):
-        if position > 0 and words[position - 1] in NEGATIONS:
-            continue
-        label = next((lab for lab in LABELS if word.startswith(lab)), None)
-        if label is not None:
-            return label
-    return None
-
-
-@dataclass
-class TurnVerdicts:
-    """Per row, per turn: the label, where it came from (``error`` / ``judge`` / ``default``) and the
-    judge's raw answer (None where it was not asked)."""
-
-    labels: list[list[str]]
-    sources: list[list[str]]
-    raw: list[list[str | None]]
-
-    def counts(self) -> dict[str, float]:
-        """The step's label statistics: label shares over turns, and how each label was decided."""
-        flat = [label for row in self.labels for label in row]
-        sources = [s for row in self.sources for s in row]
-        n = max(len(flat), 1)
-        asked = sum(1 for row in self.raw for answer in row if answer is not None)
-        defaulted = sum(1 for row_raw, row_src in zip(self.raw, self.sources)
-                        for answer, src in zip(row_raw, row_src) if answer is not None and src == "default")
-        return {**{f"share_{label}": flat.count(label) / n for label in LABELS},
-                "turns_judged": float(sources.count("judge")), "turns_error_forced": float(sources.count("error")),
-                "turns_defaulted": float(sources.count("default")),
-                "judge_defaulted_share": defaulted / asked if asked else 0.0}
-
-
-def transcript(episode: Episode, turn: int, history_turns: int) -> str:
-    """The judge's view of turn ``turn``: the first observation, recent earlier turns, then the turn itself."""
-    first = episode.initial_observation
-    start = max(0, turn - history_turns)
-    lines = [f"Task and first observation:\n{first}"]
-    if start > 0:
-        lines.append(f"({start} earlier turns omitted)")
-    for k in range(start, turn + 1):
-        step = episode.turns[k]
-        lines.append(f"Turn {k + 1} action: {step.action.strip()}")
-        lines.append(f"Environment: {step.observation.strip()}")
-        if step.error is not None and step.error.message.strip() not in step.observation:
-            lines.append(f"Error: {step.error}")
-        if step.feedback and step.feedback.strip() != step.observation.strip():
-            lines.append(f"Feedback: {step.feedback.strip()}")
-    return "\n".join(lines)
-
-
-def judge_template(teacher: Any, messages: list[dict[str, str]], thinking: bool) -> list[int]:
-    """The teacher's chat-template ids for the judge, with the template's thinking mode set (Qwen3-style
-    ``enable_thinking``; templates without it ignore the flag)."""
-    tokenizer = getattr(teacher, "tokenizer", None)
-    if tokenizer is not None and hasattr(teacher, "encode") and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             enable_thinking=thinking)
-        return list(teacher.encode(text))
-    return list(teacher.apply_chat_template(messages, add_generation_prompt=True))
-
-
-def judge_prompt(teacher: Any, episode: Episode, turn: int, history_turns: int, max_tokens: int,
-                 thinking: bool = False) -> list[int]:
-    """Teacher chat-template ids asking for the verdict on ``turn``; history trimmed until it fits."""
-    for shown in range(history_turns, -1, -1):
-        body = transcript(episode, turn, shown) + "\n\n" + JUDGE_QUESTION.format(k=turn + 1)
-        messages = [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": body}]
-        ids = judge_template(teacher, messages, thinking)
-        if len(ids) <= max_tokens:
-            return ids
-    # even the turn alone is too long: keep the template's end (question + assistant header) intact
-    return ids[:1] + ids[len(ids) - max_tokens + 1:]
-
-
-def agent_error(turn: Any) -> bool:
-    """True when the turn's env answer is an execution error of the agent (an env fault is not)."""
-    return turn.error is not None and turn.error.kind in AGENT_ERRORS
-
-
-def error_first_verdicts(episodes: Sequence[Episode], default_label: str) -> TurnVerdicts:
-    """Turns with an agent execution error are Strong; every other turn provisionally gets ``default_label``."""
-    labels, sources, raw = [], [], []
-    for episode in episodes:
-        labels.append(["strong" if agent_error(t) else default_label for t in episode.turns])
-        sources.append(["error" if agent_error(t) else "default" for t in episode.turns])
-        raw.append([None] * len(episode.turns))
-    return TurnVerdicts(labels, sources, raw)
-
-
-def judge_turns(teacher: Any, episodes: Sequence[Episode], config: SAGEOPDConfig) -> TurnVerdicts:
-    """Label every turn of ``episodes``: errors first, then one batched greedy judge call for the rest."""
-    verdicts = error_first_verdicts(episodes, config.default_label)
-    if config.judge == "errors_only":
-        return verdicts
-    asked = [(row, k) for row, episode in enumerate(episodes) for k, t in enumerate(episode.turns) if not agent_error(t)]
-    if not asked:
-        return verdicts
-    prompts = [judge_prompt(teacher, episodes[row], k, config.judge_history_turns, config.judge_max_prompt_tokens,
-                            config.judge_thinking) for row, k in asked]
-    answers = teacher.generate(prompts, SamplingParams(max_new_tokens=config.judge_max_new_tokens, temperature=0.0))
-    for (row, k), answer in zip(asked, answers):
-        label = parse_verdict(answer.text)
-        verdicts.raw[row][k] = answer.text
-        if label is not None:
-            verdicts.labels[row][k], verdicts.sources[row][k] = label, "judge"
-    return verdicts
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -110,8 +110,8 @@ class SDPO(DistillationAlgorithm):
         if w >= 1.0:
             return distill, metrics
         old = batch.behaviour_logprobs[rows][:, 1: student_logp.shape[1] + 1].to(student_logp.device)
-        pg_token, parts = clipped_policy_gradient_per_token(student_logp, old, state.advantages[rows].to(student_logp.device),
-                                                            eps_low=self.config.eps_low)
+        advantages = state.advantages[rows].to(student_logp.device)
+        pg_token, parts = clipped_policy_gradient_per_token(student_logp, old, advantages, eps_low=self.config.eps_low)
         pg = weighted_sum(pg_token, coef["pg"])
         metrics["pg_loss"] = float(pg.detach())
         metrics.update({f"pg_{k}": float(weighted_sum(v, coef["pg"])) for k, v in parts.items()})

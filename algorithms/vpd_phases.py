@@ -49,7 +49,8 @@ class Phase:
         return cls(**state)
 
 
-def plan_steps(config: Any, phase: Phase, kept: float, chosen: float, rejected: float) -> tuple[list[Step], dict[str, float]]:
+def plan_steps(config: Any, phase: Phase, kept: float, chosen: float,
+               rejected: float) -> tuple[list[Step], dict[str, float]]:
     """The batch's optimiser steps and the metrics that say which phase ran.
 
     ``config``: a :class:`algorithms.vpd.VPDConfig`; ``kept``/``chosen``/``rejected``: the batch's rows with a

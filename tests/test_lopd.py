@@ -76,7 +76,8 @@ def test_retrieval_never_returns_an_experience_of_the_episodes_own_task(setup, t
     own_task += [Experience(ENV, task.id, task.instruction, [(f"step {k}", "ok")]) for k in range(6)]
     algo.remember([episode])  # the task's walkthrough (seeding on)
     algo.bank.add_many(own_task)
-    others = [Experience(ENV, f"other-{k}", f"put a mug in the fridge {k}", [("open fridge 1", "open")]) for k in range(3)]
+    others = [Experience(ENV, f"other-{k}", f"put a mug in the fridge {k}", [("open fridge 1", "open")])
+              for k in range(3)]
     algo.bank.add_many(others)
     assert all(e.task_id == task.id for e in algo.bank.retrieve(task, k=2, env_id=ENV))  # they do rank first
     found = algo.retrieve(episode)
@@ -90,7 +91,7 @@ def test_retrieval_never_returns_an_experience_of_the_episodes_own_task(setup, t
 
 
 class _Replay:
-    """A rollout engine that hands back one prepared batch (the trainer's collect-then-update order, without sampling)."""
+    """A rollout engine that hands back one prepared batch (the trainer's collect-then-update order, no sampling)."""
 
     def __init__(self, batch):
         self.batch = batch

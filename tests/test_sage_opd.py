@@ -23,8 +23,8 @@ from agentgym_opd.trainer import DEFAULT_SYSTEM_PROMPT
 from algorithms.opd import OPD
 from agentgym_opd.algorithm import LossTerm, term_coefficients, term_normalisers, weighted_sum
 from agentgym_opd.distributed import DistContext
-from algorithms.sage_opd import (SAGEOPD, SAGEOPDConfig, error_first_verdicts, judge_prompt, judge_turns,
-                                 label_importance, parse_verdict, token_importance, turn_confidence)
+from algorithms.sage_judge import error_first_verdicts, judge_prompt, judge_turns, parse_verdict
+from algorithms.sage_opd import SAGEOPD, SAGEOPDConfig, label_importance, token_importance, turn_confidence
 from algorithms.sft import SFT, concat_batches, expert_batch
 from tiny_rollouts import accept_any
 
