@@ -256,7 +256,7 @@ class Leaderboard:
                  "A `*` marks a row whose evaluation protocol differs from the bench's, or that was evaluated on other tasks "
                  "than the bench's record of the same split and seed; `(reproduced)` a rerun.", ""]
         for table in self.family_tables(rows):
-            lines += [f"## {md_cell(table.family)}", "",
+            lines += [f"## {md_cell(table.track.title if table.track else table.family)}", "",
                       f"Primary metric: `{md_cell(metric_title(table.family, table.metric))}`; ranked by "
                       f"{md_cell(table.ranking_env)}.", ""]
             head = ["#", "method", *[f"{table.metric} {e.split('/', 1)[1]}" for e in table.env_ids],
@@ -289,11 +289,12 @@ class Leaderboard:
             metrics = sorted({m for r in frows for m in r.metrics})
             best = {m: self.best(frows, m) for m in metrics}
             lines += [f"## {md_cell(family)}: every metric", ""]
-            head = ["env", "algorithm", "student", "teacher", "seeds", "n"] + metrics
+            head = ["env", "algorithm", "rollout episodes", "student", "teacher", "seeds", "n"] + metrics
             lines.append("| " + " | ".join(md_cell(h) for h in head) + " |")
             lines.append("|" + "|".join("---" for _ in head) + "|")
             for r in frows:
-                cells = [md_cell(x) for x in (r.env_id, shown.get(id(r), r.display_algorithm), r.student, r.teacher or "-",
+                episodes = "-" if r.budget[0] is None else r.budget[0]
+                cells = [md_cell(x) for x in (r.env_id, shown.get(id(r), r.display_algorithm), episodes, r.student, r.teacher or "-",
                                               ",".join(map(str, r.seeds)), r.n_episodes)]
                 for m in metrics:
                     if m not in r.metrics:

@@ -160,7 +160,9 @@ def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
             "bench's record of the same split and seed. Click a header to sort.</p>"]
     tables = board.family_tables(rows)
     for i, table in enumerate(tables):
-        body.append(f'<h2 id="{escape(table.family)}">{escape(table.family)}</h2>')
+        heading = table.track.title if table.track else table.family
+        anchor = table.track.slug if table.track else table.family
+        body.append(f'<h2 id="{escape(anchor)}">{escape(heading)}</h2>')
         body.append(f'<p class="note">Primary metric <b>{escape(metric_title(table.family, table.metric))}</b>; ranked by '
                     f"{escape(table.ranking_env)}.</p>")
         body += _ranked_table(board, table, i)

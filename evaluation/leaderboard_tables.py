@@ -18,6 +18,7 @@ from typing import Any
 
 from evaluation.records import (BENCH_CONTEXT_TOKENS, REFERENCE_ROWS, env_args_label, env_family, is_rate,
                                 lower_is_better, protocol_label, record_id)
+from evaluation.leaderboard_tracks import BENCH_PROTOCOL, Track, assign_tracks
 
 # the headline metric of an env family, where it is not success
 HEADLINE_METRICS = {"searchqa": "em", "code": "pass@1"}
@@ -191,6 +192,7 @@ class FamilyTable:
     ranking_env: str
     methods: list[Method]  # ranked
     bench_protocol: dict[str, Any] | None
+    track: Track | None = None  # the starting point every method of the table shares
 
 
 
@@ -255,51 +257,67 @@ def primary_metric(family: str, rows: list[Row]) -> str:
 
 
 def family_tables(rows: list[Row]) -> list[FamilyTable]:
-    """The ranked table of each env family (see the module docstring)."""
+    """The ranked table of each track (``evaluation.leaderboard_tracks``): per env family, the bench's track
+    first, then the others by name; a row ranks only against the rows of its own track."""
     tables = []
     for family, frows in rows_by_family(rows).items():
         metric = primary_metric(family, frows)
         env_ids = sorted({r.env_id for r in frows}, key=lambda e: split_key(e.split("/", 1)[1]))
-        ranking_env = env_ids[0]
-        methods: dict[tuple, Method] = {}
-        for r in frows:
-            m = methods.setdefault(r.method_key, Method(r.algorithm, r.student, r.teacher, r.protocol, r.display_algorithm,
-                                                        r.protocol_shown))
-            m.by_env[r.env_id] = r
-        bench_rows = [r for r in frows if r.protocol == "" and r.effective_protocol.get("max_turns") is not None]
-        bench = [r.effective_protocol for r in bench_rows]
-        bench_protocol = max(bench, key=lambda p: sum(q == p for q in bench)) if bench else None
-        bench_tasks = {(r.env_id, seed): sha for r in bench_rows for seed, sha in r.tasks.items()}
-        for m in methods.values():
-            proto = next(iter(m.by_env.values())).effective_protocol
-            m.other_tasks = bool(m.protocol) and any(
-                bench_tasks.get((r.env_id, seed), sha) != sha for r in m.by_env.values() for seed, sha in r.tasks.items())
-            m.protocol_differs = bench_protocol is not None and (proto != bench_protocol or m.other_tasks)
-            if m.other_tasks:
-                m.shown_protocol += " (other tasks than the bench's seeds: eval --bench-tasks)"
-            if bench_protocol is not None and not m.protocol_differs and m.protocol:
-                # an `eval` record made with the bench's protocol (README "Publish a result"): named and
-                # shown like the bench's rows, not by its protocol's entries
-                m.display, m.shown_protocol = m.algorithm, "same as bench"
-        # the same method (algorithm, student, teacher) at several budgets: every line of it carries its
-        # budget in the name, whatever its protocol
-        budgets: dict[tuple, set] = {}
-        for key in methods:
-            budgets.setdefault(key[:3], set()).add(key[4])
-        for key, m in methods.items():
-            if len(budgets[key[:3]] - {None}) > 1 and key[4] is not None:
-                m.display += f" ({key[4]} episodes)"
-
-        def rank_key(m: Method) -> tuple:
-            sign = 1.0 if lower_is_better(metric) else -1.0
-            values = []
-            for env_id in env_ids:
-                r = m.by_env.get(env_id)
-                values.append(sign * r.metrics[metric][0] if r and metric in r.metrics else math.inf)
-            return (*values, m.display, m.student)
-
-        tables.append(FamilyTable(family, metric, env_ids, ranking_env, sorted(methods.values(), key=rank_key), bench_protocol))
+        methods, bench_protocol = family_methods(frows)
+        tracks = assign_tracks(methods.values(), family, student=lambda m: m.student, teacher=lambda m: m.teacher,
+                               protocol=lambda m: track_protocol(m, bench_protocol),
+                               is_teacher_reference=lambda m: m.algorithm == "teacher" and not m.protocol)
+        family_bench_first = sorted(tracks.items(), key=lambda kv: (kv[0].protocol != BENCH_PROTOCOL,
+                                                                    not any(m.protocol == "" for m in kv[1]), kv[0].title))
+        for track, members in family_bench_first:
+            track_envs = [e for e in env_ids if any(e in m.by_env for m in members)]
+            ranked = sorted(members, key=lambda m: rank_key(m, metric, track_envs))
+            tables.append(FamilyTable(family, metric, track_envs, track_envs[0], ranked, bench_protocol, track))
     return tables
+
+
+def family_methods(frows: list[Row]) -> tuple[dict[tuple, Method], dict[str, Any] | None]:
+    """A family's rows gathered into methods (a method's rows on every split), each marked where its protocol
+    or its tasks differ from the bench's, and the bench's protocol (the one most of its rows share)."""
+    methods: dict[tuple, Method] = {}
+    for r in frows:
+        m = methods.setdefault(r.method_key, Method(r.algorithm, r.student, r.teacher, r.protocol, r.display_algorithm,
+                                                    r.protocol_shown))
+        m.by_env[r.env_id] = r
+    bench_rows = [r for r in frows if r.protocol == "" and r.effective_protocol.get("max_turns") is not None]
+    bench = [r.effective_protocol for r in bench_rows]
+    bench_protocol = max(bench, key=lambda p: sum(q == p for q in bench)) if bench else None
+    bench_tasks = {(r.env_id, seed): sha for r in bench_rows for seed, sha in r.tasks.items()}
+    for m in methods.values():
+        proto = next(iter(m.by_env.values())).effective_protocol
+        m.other_tasks = bool(m.protocol) and any(
+            bench_tasks.get((r.env_id, seed), sha) != sha for r in m.by_env.values() for seed, sha in r.tasks.items())
+        m.protocol_differs = bench_protocol is not None and (proto != bench_protocol or m.other_tasks)
+        if m.other_tasks:
+            m.shown_protocol += " (other tasks than the bench's seeds: eval --bench-tasks)"
+        if bench_protocol is not None and not m.protocol_differs and m.protocol:
+            # an `eval` record made with the bench's protocol (README "Publish a result"): named and
+            # shown like the bench's rows, not by its protocol's entries
+            m.display, m.shown_protocol = m.algorithm, "same as bench"
+    return methods, bench_protocol
+
+
+def track_protocol(m: Method, bench_protocol: dict[str, Any] | None) -> str:
+    """The protocol part of a method's track: the bench's where the family has bench rows and the method was
+    evaluated like them, else the method's own protocol."""
+    if m.protocol_differs or (bench_protocol is None and m.protocol):
+        return m.shown_protocol
+    return BENCH_PROTOCOL
+
+
+def rank_key(m: Method, metric: str, env_ids: list[str]) -> tuple:
+    """Best first by ``metric`` on the first split, then the next splits; missing values last."""
+    sign = 1.0 if lower_is_better(metric) else -1.0
+    values = []
+    for env_id in env_ids:
+        r = m.by_env.get(env_id)
+        values.append(sign * r.metrics[metric][0] if r and metric in r.metrics else math.inf)
+    return (*values, m.display, m.budget[0] if m.budget[0] is not None else -1, m.student)
 
 
 def interval_text(row: Row | None, metric: str) -> str:

@@ -1,0 +1,78 @@
+"""Tracks: a record ranks only against records from the same starting point (student, teacher, protocol)."""
+
+from __future__ import annotations
+
+from agentgym_opd.action_parsing import ONE_ACTION_PROMPT
+from evaluation.leaderboard import Leaderboard
+from evaluation.leaderboard_tracks import BENCH_PROTOCOL, Track
+from evaluation.records import env_args_label
+from test_leaderboard import make_record
+
+STUDENT, TEACHER = "household-student-64x2-1000steps", "household-teacher-128x2-1500steps"
+OPTIONS = {"status_line": True, "turn_counter": True}
+
+
+def bench_record(algorithm: str, success: float, *, budget: int = 64, student: str = STUDENT,
+                 teacher: str | None = None, seed: int = 0) -> dict:
+    """A record as the bench writes it: no protocol field, the bench's settings in its config."""
+    section = {"bench": {"max_new_tokens": 16, "max_turns": 20, "budget_episodes": budget, "env_args": OPTIONS}}
+    return make_record(algorithm, seed, success, algorithm_config=section, student=student, teacher=teacher)
+
+
+def bench_protocol_record(algorithm: str, success: float, *, student: str, teacher: str | None = None) -> dict:
+    """A record `agentgym-opd eval` writes under exactly the bench's protocol and env options."""
+    protocol = {"temperature": 0.0, "top_p": 1.0, "samples": 1, "max_new_tokens": 16, "max_turns": 20, "backend": "hf",
+                "action_parser": "text", "system_prompt": ONE_ACTION_PROMPT, "max_context_tokens": 4096,
+                "env_args": env_args_label(OPTIONS)}
+    return make_record(algorithm, 0, success, protocol=protocol, student=student, teacher=teacher)
+
+
+def the_bench(board: Leaderboard) -> None:
+    board.add(bench_record("warm_start", 0.28, budget=64))
+    board.add(bench_record("teacher", 0.80, student=TEACHER))
+    board.add(bench_record("grpo", 0.30))
+    board.add(bench_record("opd", 0.33, teacher=TEACHER))
+    board.add(bench_record("opd", 0.36, teacher=TEACHER, budget=256))
+
+
+def test_the_untrained_tiny_model_under_the_benchs_protocol_gets_its_own_track(tmp_path):
+    board = Leaderboard(tmp_path / "lb")
+    the_bench(board)
+    board.add(bench_protocol_record("base", 0.95, student="tiny"))  # better than every bench row, from another start
+    tables = board.family_tables(board.rows(board.load_records()))
+
+    bench, tiny = tables
+    assert bench.track == Track("household", STUDENT, TEACHER, BENCH_PROTOCOL)
+    assert sorted(m.algorithm for m in bench.methods) == ["grpo", "opd", "opd", "teacher", "warm_start"]
+    assert tiny.track == Track("household", "tiny", None, BENCH_PROTOCOL)
+    assert [m.algorithm for m in tiny.methods] == ["base"]
+
+    board.build()
+    md = (tmp_path / "lb" / "LEADERBOARD.md").read_text()
+    bench_section, tiny_section = md.split(f"## {tiny.track.title}")
+    assert "| base |" not in bench_section.split(f"## {bench.track.title}")[1]
+    assert "| 1 | base |" in tiny_section
+    html = (tmp_path / "lb" / "index.html").read_text()
+    assert f'id="{bench.track.slug}"' in html and f'id="{tiny.track.slug}"' in html
+
+
+def test_another_teacher_is_another_track_and_a_teacherless_method_joins_its_students_track(tmp_path):
+    board = Leaderboard(tmp_path / "lb")
+    the_bench(board)
+    board.add(bench_protocol_record("my_opd", 0.5, student=STUDENT, teacher="a-bigger-teacher"))
+    board.add(bench_protocol_record("my_rl", 0.31, student=STUDENT))  # no teacher: competes with GRPO
+    tracks = {t.track: [m.algorithm for m in t.methods] for t in board.family_tables(board.rows(board.load_records()))}
+
+    assert tracks[Track("household", STUDENT, "a-bigger-teacher", BENCH_PROTOCOL)] == ["my_opd"]
+    assert "my_rl" in tracks[Track("household", STUDENT, TEACHER, BENCH_PROTOCOL)]
+
+
+def test_the_budget_is_a_column_not_part_of_the_name(tmp_path):
+    board = Leaderboard(tmp_path / "lb")
+    the_bench(board)
+    board.build()
+    lines = (tmp_path / "lb" / "LEADERBOARD.md").read_text().splitlines()
+    ranked = [line for line in lines if line.startswith("| ") and line[2].isdigit()]  # the ranked table's lines
+    opd = [line for line in ranked if line.split(" | ")[1] == "opd"]
+    assert len(opd) == 2 and not any("episodes)" in line for line in lines)
+    assert {line.split(" | ")[3] for line in opd} == {"64", "256"}  # the rollout-episodes column
