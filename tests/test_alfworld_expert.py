@@ -88,6 +88,24 @@ def test_a_rejected_command_changes_nothing_the_expert_remembers():
     assert expert.next_action() == "go to cabinet 2" and expert.holding is None
 
 
+def test_a_receptacle_sharing_the_agents_spot_is_examined_after_go_to_is_refused():
+    """ALFWorld keeps some receptacles at one spot: at shelf 2, "go to shelf 1" gets "Nothing happens." and the
+    shelf is looked at with "examine"; objects seen there are taken without moving."""
+    intro = ("You are in the middle of a room. Looking quickly around you, you see a shelf 2, a shelf 1, and a desk 1."
+             "\n\nYour task is to: examine the watch with the desklamp.")
+    expert = ObservableExpert.start(intro)
+    script = [
+        ("go to shelf 2", "You arrive at shelf 2. On the shelf 2, you see a pencil 1."),
+        ("go to shelf 1", "Nothing happens."),
+        ("examine shelf 1", "On the shelf 1, you see a watch 1, and a desklamp 1."),
+        ("take watch 1 from shelf 1", "You pick up the watch 1 from the shelf 1."),
+        ("use desklamp 1", "You turn on the desklamp 1."),
+    ]
+    for action, observation in script:
+        assert expert.next_action() == action
+        expert.observe(action, observation)
+
+
 def test_the_expert_takes_over_an_agents_state_and_puts_down_what_the_goal_does_not_need():
     """DAgger's label: after an agent took a mug, the expert first puts it down where it stands."""
     turns = [("go to countertop 1", "You arrive at countertop 1. On the countertop 1, you see a mug 1."),

@@ -37,10 +37,12 @@ APPLIANCE = {"heat": "microwave", "cool": "fridge", "clean": "sinkbasin"}
 _ADJECTIVE = {"hot": "heat", "cool": "cool", "clean": "clean"}
 _ART = r"(?:a|an|some|the)"
 _GOAL_FORMS: tuple[tuple[re.Pattern, str], ...] = (
-    (re.compile(rf"^(?:look at|examine) (?:{_ART} )?(?P<obj>\w+) (?:under|with) (?:{_ART} )?(?P<lamp>\w+)$"), "look_at_obj_in_light"),
+    (re.compile(rf"^(?:look at|examine) (?:{_ART} )?(?P<obj>\w+) (?:under|with) (?:{_ART} )?(?P<lamp>\w+)$"),
+     "look_at_obj_in_light"),
     (re.compile(rf"^put {_ART} (?P<adj>hot|cool|clean) (?P<obj>\w+) (?:in|on) (?P<target>\w+)$"), "treat"),
     (re.compile(rf"^(?P<verb>heat|cool|clean) {_ART} (?P<obj>\w+) and put it (?:in|on) (?P<target>\w+)$"), "treat"),
-    (re.compile(r"^(?:put two (?P<obj>\w+)|find two (?P<obj2>\w+) and put them) (?:in|on) (?P<target>\w+)$"), "pick_two_obj_and_place"),
+    (re.compile(r"^(?:put two (?P<obj>\w+)|find two (?P<obj2>\w+) and put them) (?:in|on) (?P<target>\w+)$"),
+     "pick_two_obj_and_place"),
     (re.compile(rf"^put {_ART} (?P<obj>\w+) (?:in|on) (?P<target>\w+)$"), "pick_and_place_simple"),
 )
 _TREAT_TYPE = {"heat": "pick_heat_then_place_in_recep", "cool": "pick_cool_then_place_in_recep",
@@ -193,6 +195,7 @@ class ObservableExpert:
     placed: list[str] = field(default_factory=list)  # wanted objects put in a target receptacle, in order
     placed_in: str | None = None
     treated: set[str] = field(default_factory=set)
+    beside: dict[str, set[str]] = field(default_factory=dict)  # receptacles found to share a spot
 
     @classmethod
     def start(cls, first_observation: str, goal_sentence: str | None = None, prior: LocationPrior = UNIFORM_PRIOR
@@ -212,13 +215,21 @@ class ObservableExpert:
         """Update the memory with one turn: the command sent and the observation it got."""
         obs = observation.strip()
         if obs.startswith("Nothing happens"):
+            # ALFWorld keeps some receptacles at one spot (shelf 1 beside shelf 2): "go to" the other one is
+            # refused where the agent stands, and it is looked at with "examine" instead
+            if (m := re.fullmatch(r"go to ([a-z]+ \d+)", action.strip())) and self.location is not None:
+                self.beside.setdefault(self.location, set()).add(m.group(1))
+                self.beside.setdefault(m.group(1), set()).add(self.location)
             return
         if m := re.match(r"You arrive at ([a-z]+ \d+)\.", obs):
             self.location = m.group(1)
-            self._look(obs)
+            self._look(obs, self.location)
         elif m := re.match(r"You open the ([a-z]+ \d+)\.", obs):
             self.closed.discard(m.group(1))
-            self._look(obs)
+            self._look(obs, m.group(1))
+        elif (m := re.match(r"(?:On|In) the ([a-z]+ \d+), you see", obs)) or (
+                m := re.match(r"The ([a-z]+ \d+) is closed\.", obs)):  # "examine <receptacle>"
+            self._look(obs, m.group(1))
         elif m := re.match(r"You close the ([a-z]+ \d+)\.", obs):
             self.closed.add(m.group(1))
         elif m := re.match(r"You pick up the ([a-z]+ \d+) from the ([a-z]+ \d+)\.", obs):
@@ -238,10 +249,7 @@ class ObservableExpert:
         elif m := re.match(r"You (?:heat|cool|clean) the ([a-z]+ \d+) using the", obs):
             self.treated.add(m.group(1))
 
-    def _look(self, obs: str) -> None:
-        where = self.location
-        if where is None:
-            return
+    def _look(self, obs: str, where: str) -> None:
         if re.search(rf"The {re.escape(where)} is closed\.", obs):
             self.closed.add(where)
             return
@@ -279,7 +287,8 @@ class ObservableExpert:
             return self._put_down()
         if self.holding is None:
             return self._fetch(self.wanted) or self._search(goal.obj)
-        lamp_at = next((r for r in self._known_order() if any(kind_of(o) == goal.lamp for o in self.contents.get(r, []))), None)
+        lamp_at = next((r for r in self._known_order()
+                        if any(kind_of(o) == goal.lamp for o in self.contents.get(r, []))), None)
         if lamp_at is None:
             return self._search(goal.lamp)
         lamp = next(o for o in self.contents[lamp_at] if kind_of(o) == goal.lamp)
@@ -296,13 +305,17 @@ class ObservableExpert:
         return None
 
     def _search(self, obj_kind: str) -> str | None:
-        """Look in the next receptacle not yet looked in, by the prior's order for ``obj_kind``."""
+        """Look in the next receptacle not yet looked in, by the prior's order for ``obj_kind`` (one that shares the
+        agent's spot is examined, or opened, where the agent stands)."""
         here = self.location
         if here is not None and here not in self.looked_in and here in self.closed:
             return f"open {here}"
         for rec in self.prior.order(self.receptacles, obj_kind):
-            if rec not in self.looked_in and rec != here:
-                return f"go to {rec}"
+            if rec in self.looked_in or rec == here:
+                continue
+            if self._here(rec):
+                return f"open {rec}" if rec in self.closed else f"examine {rec}"
+            return f"go to {rec}"
         return None
 
     def _put_down(self) -> str | None:
@@ -333,8 +346,11 @@ class ObservableExpert:
         seen = [r for r in self.receptacles if r in self.contents]
         return sorted(seen, key=lambda r: r != self.location)
 
+    def _here(self, rec: str) -> bool:
+        return self.location == rec or rec in self.beside.get(self.location or "", set())
+
     def _go(self, rec: str) -> str | None:
-        return None if self.location == rec else f"go to {rec}"
+        return None if self._here(rec) else f"go to {rec}"
 
     def _open(self, rec: str) -> str | None:
         return f"open {rec}" if rec in self.closed else None
@@ -360,16 +376,18 @@ def play(env: Any, task_id: str, *, prior: LocationPrior = UNIFORM_PRIOR, max_tu
     limit = max_turns or env.max_turns
     actions: list[str] = []
     stopped = "turn limit"
+    rejected: str | None = None
     while len(actions) < limit:
         action = expert.next_action()
         if action is None:
             stopped = "gave up"
             break
-        obs, _, terminated, truncated, step = env.step(action)
-        actions.append(action)
-        if step["error"] is not None:
+        if action == rejected:  # the same refused command again: the expert would loop
             stopped = "invalid command"
             break
+        obs, _, terminated, truncated, step = env.step(action)
+        actions.append(action)
+        rejected = action if step["error"] is not None else None
         expert.observe(action, obs)
         if step["success"]:
             stopped = "won"
