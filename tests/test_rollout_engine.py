@@ -99,6 +99,7 @@ def test_session_continuation_equals_encoding_the_whole_sequence(policy):
         session.generate([1], [prompts[0]], params)
 
 
+@pytest.mark.slow
 def test_engine_plays_the_same_episodes_over_the_ray_executors_envs(policy):
     """The policy samples here while the envs step in Ray actors: the same episodes as with local envs."""
     ray = pytest.importorskip("ray")
