@@ -150,6 +150,7 @@ def unseen():
     env.close()
 
 
+@pytest.mark.slow
 def test_the_expert_wins_a_game_of_each_task_type_it_never_saw(unseen):
     prior = train_prior(str(TRAIN_DIR))
     ids = unseen.task_ids()
@@ -160,6 +161,7 @@ def test_the_expert_wins_a_game_of_each_task_type_it_never_saw(unseen):
         assert len(run.actions) <= 30
 
 
+@pytest.mark.slow
 def test_the_expert_finishes_a_game_an_agent_started_badly(unseen):
     """Replay a wrong start (a wrong object taken, a command the game rejects), then let the expert continue."""
     prior = train_prior(str(TRAIN_DIR))

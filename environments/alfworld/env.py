@@ -12,6 +12,10 @@ Task ids are the game folders relative to the split (`<task-type>-<objects>-<sce
 `privileged["walkthrough"]` is the expert plan stored in the game file. "Nothing happens." (the engine's
 answer to an action that does not apply) is an `invalid_action` error; output that is not one ALFWorld
 command (several lines, no known verb) is a `parse_error` and never reaches the engine.
+
+``demonstrations=PATH`` (a recorded-games file of `environments.alfworld.replay`, such as the one the ALFWorld
+pair's build caches) adds each task's observable-expert actions as ``privileged["demonstration"]``: what SFT
+clones where an env has one (`environments.alfworld.expert` searches from observations; the walkthrough does not).
 """
 
 from __future__ import annotations
@@ -75,6 +79,42 @@ def command_verbs() -> tuple[str, ...]:
     return tuple(sorted(verbs or _FALLBACK_VERBS))
 
 
+def normalise_command(action: str) -> str | None:
+    """The ALFWorld command an agent's text names (prefix, case and a final full stop dropped), or None when it is
+    not one command (several lines, no known verb). Shared with `replay.ReplayEnv`, which must answer alike."""
+    command = _PREFIX.sub("", action).strip().rstrip(".").lower()
+    if "\n" in command or command.split(" ", 1)[0] not in command_verbs():
+        return None
+    return command
+
+
+def parse_error_outcome(action: str) -> StepOutcome:
+    """What the env answers to text that is not one command: a `parse_error`; the engine never sees it."""
+    return StepOutcome(
+        "Nothing happens.",
+        error=StepError(
+            "parse_error",
+            f"'{action[:200]}' is not one ALFWorld command. Answer with exactly one command on one line, "
+            "e.g. 'go to countertop 1', 'take apple 1 from countertop 1', 'open fridge 1', 'look'.",
+        ),
+    )
+
+
+@lru_cache(maxsize=4)
+def _recorded_demonstrations(path: str) -> dict[str, tuple[str, ...]]:
+    """task id -> the observable expert's actions, from a recorded-games file (one JSON game per line)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"demonstrations={path!r}: no such recorded-games file (the ALFWorld pair's build "
+                                "records one: evaluation.bench.alfworld_pair.recorded_train_games)")
+    out = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                game = json.loads(line)
+                out[game["task_id"]] = tuple(game["privileged"].get("demonstration") or ())
+    return out
+
+
 @lru_cache(maxsize=8)
 def _list_games(split_dir: str) -> tuple[str, ...]:
     root = Path(split_dir)
@@ -94,6 +134,7 @@ class AlfWorldEnv(TextEnv):
         data_root: str | os.PathLike | None = None,
         max_turns: int = 50,
         env_id: str | None = None,
+        demonstrations: str | os.PathLike | None = None,
         **kwargs,
     ):
         if split not in SPLITS:
@@ -108,6 +149,9 @@ class AlfWorldEnv(TextEnv):
         if unknown:
             raise ValueError(f"unknown ALFWorld task types {unknown}; known: {', '.join(TASK_TYPES)}")
         self.task_types = tuple(TASK_TYPES.get(t, t) for t in task_types) if task_types else None
+        # recorded games (`environments.alfworld.replay`, e.g. the ALFWorld pair's cache) whose observable expert's
+        # actions become each task's privileged["demonstration"]: what SFT clones where the env has one
+        self.demonstrations = _recorded_demonstrations(str(demonstrations)) if demonstrations else {}
         self._request_infos = self._tw.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
         self._tw_env = None
         self._tw_game: str | None = None
@@ -128,6 +172,7 @@ class AlfWorldEnv(TextEnv):
         with open(path) as f:
             game = json.load(f)
         walkthrough = game.get("walkthrough", [])
+        demonstration = self.demonstrations.get(task_id)
         if isinstance(walkthrough, str):  # stored as the repr of a Python list
             walkthrough = ast.literal_eval(walkthrough)
         task_type = task_id.split("-", 1)[0]
@@ -136,7 +181,7 @@ class AlfWorldEnv(TextEnv):
             env_id=self.env_id,
             split=self.split,
             instruction="",  # filled from the intro text at reset; the game file has no plain-text goal
-            privileged={"walkthrough": list(walkthrough)},
+            privileged={"walkthrough": list(walkthrough), **({"demonstration": list(demonstration)} if demonstration else {})},
             metadata={"task_type": task_type, "gamefile": str(path), "solvable": str(game.get("solvable"))},
         )
 
@@ -171,16 +216,9 @@ class AlfWorldEnv(TextEnv):
         self._won = bool(infos.get("won"))
 
     def _act(self, action: str) -> StepOutcome:
-        command = _PREFIX.sub("", action).strip().rstrip(".").lower()
-        if "\n" in command or command.split(" ", 1)[0] not in command_verbs():
-            return StepOutcome(
-                "Nothing happens.",
-                error=StepError(
-                    "parse_error",
-                    f"'{action[:200]}' is not one ALFWorld command. Answer with exactly one command on one line, "
-                    "e.g. 'go to countertop 1', 'take apple 1 from countertop 1', 'open fridge 1', 'look'.",
-                ),
-            )
+        command = normalise_command(action)
+        if command is None:
+            return parse_error_outcome(action)
         obs, score, done, infos = self._tw_env.step(command)
         self._absorb(infos)
         error = None
