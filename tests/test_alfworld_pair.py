@@ -261,3 +261,21 @@ def test_a_killed_build_process_resumes_to_identical_weights(monkeypatch, tmp_pa
         torch.set_num_threads(threads)
     assert any("resuming" in line for line in lines)
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def test_the_env_takes_recorded_demonstrations_as_privileged(tmp_path):
+    """`AlfWorldEnv(demonstrations=FILE)`: each recorded game's expert actions become its task's demonstration
+    (what SFT clones); a missing file is an error that says what the file is."""
+    import json
+
+    env = make("alfworld/train")
+    first, second = env.task_ids()[:2]
+    path = tmp_path / "games.jsonl"
+    path.write_text(json.dumps({"task_id": first, "privileged": {"demonstration": ["go to desk 1", "look"]}}) + "\n"
+                    + json.dumps({"task_id": second, "privileged": {"demonstration": []}}) + "\n")
+    env = make("alfworld/train", demonstrations=str(path))
+    assert env.get_task(first).privileged["demonstration"] == ["go to desk 1", "look"]
+    assert "demonstration" not in env.get_task(second).privileged  # the expert failed there: none
+    assert "demonstration" not in make("alfworld/train").get_task(first).privileged
+    with pytest.raises(FileNotFoundError, match="recorded-games file"):
+        make("alfworld/train", demonstrations=str(tmp_path / "none.jsonl"))
