@@ -8,12 +8,14 @@ What a trace holds (the record's optional ``episodes`` field, a list of at most 
 | `success`, `score` | bool, number | the episode's outcome |
 | `signal` | str or null | what ``divergence`` measures (e.g. ``reverse_kl``); null for methods without a teacher |
 | `turns` | list of turns (at most ``MAX_TURNS``) | in order |
+| `first_prompt` | optional str | the task as the agent first saw it (the env's first observation), clipped |
 
 A turn: `action` and `observation` (text, at most ``MAX_TEXT`` characters each, cut with a marker),
 `error_kind` (a StepError kind or null), `error_message` (str or null), `tokens` (the agent's token
 strings, at most ``MAX_TOKENS``), `divergence` (one number >= 0 per token: the per-token teacher-student
 divergence the method's loss computes at that token, or null), `turn_weight` (SAGE-OPD's selective weight
-``s_t = i_t * c_t`` of the turn, or null) and `turn_label` (``skip``/``weak``/``strong`` or null).
+``s_t = i_t * c_t`` of the turn, or null), `turn_label` (``skip``/``weak``/``strong`` or null) and, optionally,
+`teacher_top` (per token, the teacher's most likely token at that position, or null).
 
 The divergences are computed by the method's own loss code (``DistillationAlgorithm.distillation_terms``)
 on the kept episodes, so the shading shows exactly what the loss sees on them; nothing here re-implements
@@ -35,7 +37,9 @@ MAX_TEXT = 2000
 MAX_TOKEN_CHARS = 64
 LABELS = ("skip", "weak", "strong")
 EPISODE_KEYS = {"task_id", "success", "score", "signal", "turns"}
+OPTIONAL_EPISODE_KEYS = {"first_prompt"}  # the task as the agent first saw it (instruction, question, tools)
 TURN_KEYS = {"action", "observation", "error_kind", "error_message", "tokens", "divergence", "turn_weight", "turn_label"}
+OPTIONAL_TURN_KEYS = {"teacher_top"}  # per agent token, the teacher's most likely token there (or null)
 
 
 def clip_text(text: str, limit: int = MAX_TEXT) -> str:
@@ -52,8 +56,12 @@ def _num(x: Any) -> bool:
 
 
 def _check_turn(turn: Any) -> str | None:
-    if not isinstance(turn, dict) or set(turn) != TURN_KEYS:
-        return f"a turn must have exactly the keys {sorted(TURN_KEYS)}"
+    if not isinstance(turn, dict) or not TURN_KEYS <= set(turn) <= TURN_KEYS | OPTIONAL_TURN_KEYS:
+        return f"a turn must have exactly the keys {sorted(TURN_KEYS)}, and optionally {sorted(OPTIONAL_TURN_KEYS)}"
+    top = turn.get("teacher_top")
+    if top is not None and not (isinstance(top, list) and len(top) == len(turn["tokens"]) and all(
+            t is None or (isinstance(t, str) and len(t) <= MAX_TOKEN_CHARS) for t in top)):
+        return f"turn 'teacher_top' must be null or one string of at most {MAX_TOKEN_CHARS} characters (or null) per token"
     for key in ("action", "observation"):
         if not isinstance(turn[key], str) or len(turn[key]) > MAX_TEXT:
             return f"turn {key!r} must be a string of at most {MAX_TEXT} characters"
@@ -79,8 +87,10 @@ def check_episodes(value: Any) -> str | None:
     if not isinstance(value, list) or len(value) > MAX_EPISODES:
         return f"must be a list of at most {MAX_EPISODES} episode traces"
     for i, ep in enumerate(value):
-        if not isinstance(ep, dict) or set(ep) != EPISODE_KEYS:
-            return f"episode {i} must have exactly the keys {sorted(EPISODE_KEYS)}"
+        if not isinstance(ep, dict) or not EPISODE_KEYS <= set(ep) <= EPISODE_KEYS | OPTIONAL_EPISODE_KEYS:
+            return f"episode {i} must have exactly the keys {sorted(EPISODE_KEYS)}, and optionally {sorted(OPTIONAL_EPISODE_KEYS)}"
+        if "first_prompt" in ep and not (isinstance(ep["first_prompt"], str) and len(ep["first_prompt"]) <= MAX_TEXT):
+            return f"episode {i} 'first_prompt' must be a string of at most {MAX_TEXT} characters"
         if not (isinstance(ep["task_id"], str) and 0 < len(ep["task_id"]) <= 200 and ep["task_id"].isprintable()):
             return f"episode {i} 'task_id' must be a printable string of 1-200 characters"
         if not isinstance(ep["success"], bool) or not _num(ep["score"]) or abs(ep["score"]) > 1e9:
@@ -130,8 +140,12 @@ def trace_episode(episode: Any, *, token_ids: Sequence[Sequence[int]] | None = N
             "turn_weight": None if weight is None else round(float(weight), 6),
             "turn_label": label if label in LABELS else None,
         })
-    return {"task_id": clip_text(episode.task.id, 200), "success": bool(episode.success),
-            "score": float(episode.score), "signal": signal, "turns": turns}
+    trace = {"task_id": clip_text(episode.task.id, 200), "success": bool(episode.success),
+             "score": float(episode.score), "signal": signal, "turns": turns}
+    first = getattr(episode, "initial_observation", None)
+    if isinstance(first, str) and first:
+        trace["first_prompt"] = clip_text(first)
+    return trace
 
 
 def _per_turn(values_row: Any, turn_of_row: Any, mask_row: Any, n_turns: int) -> list[list[float]]:

@@ -63,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
             if args.no_build:
                 return 0
         if args.action == "build" and args.check:
-            stale = [str(p) for p, text in board.outputs().items() if not p.is_file() or p.read_text(encoding="utf-8") != text]
+            from evaluation.leaderboard_html import without_stamp
+
+            stale = [str(p) for p, text in board.outputs().items()
+                     if not p.is_file() or without_stamp(p.read_text(encoding="utf-8")) != without_stamp(text)]
             for p in stale:
                 print(f"stale: {p}", file=sys.stderr)
             if stale:

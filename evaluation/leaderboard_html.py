@@ -16,14 +16,16 @@ Every text from a record is escaped with ``html.escape``; nothing from a record 
 
 from __future__ import annotations
 
+import re
 from html import escape
 from typing import TYPE_CHECKING, Any
 
 from evaluation.leaderboard_plots import curve_svg, mean_curve
+from evaluation.leaderboard_ranks import REFERENCES, paired_words, rank_groups, reference_differences
 
 if TYPE_CHECKING:
     from evaluation.leaderboard import Leaderboard
-    from evaluation.leaderboard_tables import FamilyTable, Row
+    from evaluation.leaderboard_tables import FamilyTable, Method, Row
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "DejaVu Sans", sans-serif; margin: 1.2rem 1.5rem; color: #222; max-width: 1240px; }
@@ -35,7 +37,7 @@ th { background: #f1f3f5; cursor: pointer; user-select: none; } th.nosort { curs
 td.name { text-align: left; max-width: 13rem; overflow-wrap: anywhere; } td.small { font-size: .75rem; color: #555; text-align: left; max-width: 11rem; overflow-wrap: anywhere; }
 td.primary { font-variant-numeric: tabular-nums; white-space: nowrap; } td.primary b { font-size: .9rem; }
 td.rankcol { background: #fbfbfb; } tr.differs td.name::after { content: " \\2731"; color: #c0392b; }
-tr.differs { background: #fff8f0; } span.ci { color: #666; }
+tr.differs { background: #fff8f0; } span.ci { color: #666; } p.warn { background: #fff3cd; border-left: 4px solid #d39e00; padding: .4rem .6rem; } pre.prompt { white-space: pre-wrap; background: #f6f6f6; padding: .5rem; font-size: .8rem; max-height: 20rem; overflow: auto; } td.paired { white-space: nowrap; font-size: .8rem; } td.paired.sig { font-weight: bold; }
 td.best { background: #e8f5e9; font-weight: 600; }
 .controls { font-size: .85rem; margin: .2rem 0; } select { font-size: .85rem; }
 figure { display: inline-block; margin: 0 1rem 1rem 0; vertical-align: top; } figcaption { font-size: .8rem; color: #555; max-width: 36rem; }
@@ -88,6 +90,14 @@ def _episode_link(row: "Row | None") -> str | None:
     return None
 
 
+def _own_student(table: "FamilyTable", m: "Method") -> str:
+    """The model a row evaluates where it is not its track's student (the teacher's reference row), else '-':
+    the track's heading names the student and the teacher once."""
+    if table.track is None or m.student != table.track.student:
+        return escape(m.student)
+    return "-"
+
+
 def _ranked_table(board: "Leaderboard", table: "FamilyTable", index: int) -> list[str]:
     table_id = f"rank-{index}"
     protocols = sorted({m.shown_protocol or "bench" for m in table.methods})
@@ -98,16 +108,19 @@ def _ranked_table(board: "Leaderboard", table: "FamilyTable", index: int) -> lis
     splits = [e.split("/", 1)[1] for e in table.env_ids]
     head = ['<th data-sortable>#</th>', '<th data-sortable>method</th>']
     head += [f'<th data-sortable title="{escape(e)}">{escape(table.metric)}<br>{escape(s)}</th>' for e, s in zip(table.env_ids, splits)]
-    head += ['<th data-sortable>rollout<br>episodes</th>', '<th data-sortable>tokens</th>', '<th data-sortable>teacher</th>',
-             '<th data-sortable>student</th>', '<th data-sortable>seeds</th>', '<th data-sortable>protocol</th>', '<th class="nosort">episodes</th>']
+    head += ['<th data-sortable title="episodes behind the ranking split\'s cell">n</th>']
+    head += [f'<th data-sortable title="paired difference over the same (seed, task) episodes">vs {escape(ref)}</th>'
+             for ref in REFERENCES]
+    head += ['<th data-sortable>rollout<br>episodes</th>', '<th data-sortable>tokens</th>', '<th data-sortable title="distils from the track\'s teacher">teacher</th>',
+             '<th data-sortable title="the model evaluated, where it is not the track\'s student">model</th>', '<th data-sortable>seeds</th>', '<th data-sortable>protocol</th>', '<th class="nosort">episodes</th>']
     out.append(f'<table class="ranked" id="{table_id}" data-family="{escape(table.family)}"><thead><tr>{"".join(head)}</tr></thead><tbody>')
     best = {e: board.best([m.by_env[e] for m in table.methods if e in m.by_env], table.metric) for e in table.env_ids}
-    for rank, m in enumerate(table.methods, 1):
+    for rank, (group, m) in enumerate(zip(rank_groups(table), table.methods), 1):
         cls = ' class="differs"' if m.protocol_differs else ""
         title = (" title=\"evaluated on other tasks than the bench's\"" if m.other_tasks else
                  " title=\"evaluated under another protocol than the bench's\"" if m.protocol_differs else "")
         name = escape(m.display) + (' <span class="ci">(reproduced)</span>' if m.reproduced else "")
-        cells = [f'<td class="rankcol" data-sort="{rank}">{rank}</td>', f'<td class="name"{title}>{name}</td>']
+        cells = [f'<td class="rankcol" data-sort="{rank}">{escape(group)}</td>', f'<td class="name"{title}>{name}</td>']
         for env_id in table.env_ids:
             r = m.by_env.get(env_id)
             ci = r.interval(table.metric) if r is not None else None
@@ -118,12 +131,20 @@ def _ranked_table(board: "Leaderboard", table: "FamilyTable", index: int) -> lis
             is_best = best[env_id].get(f"{env_id}|{r.split}") == mean
             cells.append(f'<td class="primary{" best" if is_best else ""}" data-sort="{mean:.6f}"><b>{mean:.3f}</b> '
                          f'<span class="ci">[{low:.2f}, {high:.2f}]</span></td>')
+        ranking = m.by_env.get(table.ranking_env)
+        n = -1 if ranking is None else ranking.episodes_behind(table.metric)
+        cells.append(f'<td data-sort="{n}">{"-" if n < 0 else n}</td>')
+        for ref, diff in reference_differences(table, m).items():
+            cells.append('<td class="paired" data-sort="-9">-</td>' if diff is None else
+                         f'<td class="paired{" sig" if diff.significant else ""}" data-sort="{diff.mean:.6f}" '
+                         f'title="n = {diff.n} paired episodes">{escape(diff.text())}</td>')
         episodes, tokens = m.budget
         link = next((_episode_link(m.by_env.get(e)) for e in table.env_ids if _episode_link(m.by_env.get(e))), None)
         view = f'<a href="{escape(link)}">view</a>' if link else "-"
         cells += [f'<td data-sort="{-1 if episodes is None else episodes}">{"-" if episodes is None else episodes}</td>',
                   f'<td data-sort="{-1 if tokens is None else tokens}">{"-" if tokens is None else tokens}</td>',
-                  f'<td class="small">{escape(m.teacher or "-")}</td>', f'<td class="small">{escape(m.student)}</td>',
+                  f'<td class="small" title="{escape(m.teacher or "no teacher")}">{"yes" if m.teacher else "-"}</td>',
+                  f'<td class="small">{_own_student(table, m)}</td>',
                   f'<td>{escape(",".join(map(str, m.seeds)))}</td>', f'<td class="small">{escape(m.shown_protocol or "bench")}</td>',
                   f'<td class="small">{view}</td>']
         out.append(f'<tr{cls} data-algorithm="{escape(m.algorithm)}" data-protocol="{escape(m.shown_protocol or "bench")}">' + "".join(cells) + "</tr>")
@@ -148,16 +169,76 @@ def _error_table(table: "FamilyTable") -> list[str]:
     return out
 
 
+def _curve_figures(table: "FamilyTable") -> list[str]:
+    """One figure per env of the track that has training curves: a line per method (named with its budget where
+    the track has the method at several), the warm start's and the teacher's cells as reference lines, and a
+    caption that states what each point averages."""
+    names = [m.display for m in table.methods]
+    by_env: dict[str, list[tuple[str, list[dict[str, float]]]]] = {}
+    points: dict[str, set[int]] = {}
+    for m in table.methods:
+        for env_id, r in m.by_env.items():
+            if r.curves:
+                label = m.display if names.count(m.display) == 1 else f"{m.display} ({m.budget[0]} episodes)"
+                by_env.setdefault(env_id, []).append((label, mean_curve(r.curves)))
+                points.setdefault(env_id, set()).add(len(r.curves))
+    out = []
+    for env_id, series in sorted(by_env.items()):
+        references = []
+        for algorithm in ("warm_start", "teacher"):
+            ref = next((m.by_env[env_id] for m in table.methods if m.algorithm == algorithm and env_id in m.by_env), None)
+            ci = ref.interval(table.metric) if ref is not None else None
+            if ci is not None:
+                references.append((f"{algorithm} (table, n={ref.episodes_behind(table.metric)})", ci[0]))
+        seeds = ", ".join(str(k) for k in sorted(points[env_id]))
+        out.append(f"<figure>{curve_svg(env_id, series, 'success rate', references)}<figcaption>Success against "
+                   f"rollout episodes spent in training, on {escape(env_id)}: each point is the mean over {seeds} "
+                   "seed(s) of greedy success on the run's curve tasks (the env's first tasks, the bench's "
+                   "<code>curve_episodes</code>, 32 by default: fewer than the table's n, so point 0 need not equal "
+                   "the warm start's cell); band: +- one standard error across seeds. Reference lines: the warm "
+                   "start's and the teacher's cells of the table above (their n stated).</figcaption></figure>")
+    return out
+
+
+STAMP = re.compile(r'<p class="stamp">[^<]*</p>')
+
+
+def build_stamp(rows: list["Row"]) -> str:
+    """The page's stamp: the day it was built, the code revision and the package version that built it. It is
+    the one line a rebuild from the same records may change, so ``build --check`` compares pages without it
+    (``without_stamp``)."""
+    from datetime import datetime, timezone
+    from importlib.metadata import PackageNotFoundError, version
+
+    from evaluation.runner import code_revision
+
+    try:
+        package = version("agentgym-opd")
+    except PackageNotFoundError:
+        package = "not installed"
+    records = sum(len(r.record_ids) for r in rows)
+    built = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    return (f'<p class="stamp">Built {built} (UTC) from {records} records by agentgym-opd {escape(package)}, '
+            f"code revision {escape(code_revision())}.</p>")
+
+
+def without_stamp(text: str) -> str:
+    """``text`` less the build stamp: what two builds from the same records must agree on."""
+    return STAMP.sub("", text)
+
+
 def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
     from evaluation.leaderboard_tables import interval_words, metric_title
 
     body = ["<h1>agentgym-opd leaderboard</h1>",
-            '<p class="note">Per env family, methods ranked by the primary metric on the held-out split (first '
-            "column). Cells: mean <span class=\"ci\">[95% interval]</span>: across seeds a Student-t interval of "
-            f"the seed means; for one record {escape(interval_words(), quote=False)}. Highlighted: best in the column "
+            '<p class="note">One ranked table per track (env family, starting student, teacher or none, protocol): '
+            "a row ranks only within its track, by the primary metric on the held-out split (first column). Cells: "
+            f"mean <span class=\"ci\">[95% interval]</span>, the interval being {escape(interval_words(), quote=False)}; "
+            f"n: the episodes behind the ranking cell. {escape(paired_words(), quote=False)} Highlighted: best in the column "
             "(where the column's values differ). "
             "&#x2731; marks a row evaluated under another protocol than the bench's, or on other tasks than the "
             "bench's record of the same split and seed. Click a header to sort.</p>"]
+    body.append(build_stamp(rows))
     tables = board.family_tables(rows)
     for i, table in enumerate(tables):
         heading = table.track.title if table.track else table.family
@@ -168,15 +249,7 @@ def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
         body += _ranked_table(board, table, i)
         body.append(f'<p class="note">Errors on {escape(table.ranking_env)}: share of turns that ended in each error kind.</p>')
         body += _error_table(table)
-        by_env: dict[str, list[tuple[str, list[dict[str, float]]]]] = {}
-        for m in table.methods:
-            for env_id, r in m.by_env.items():
-                if r.curves:
-                    by_env.setdefault(env_id, []).append((m.display, mean_curve(r.curves)))
-        for env_id, series in sorted(by_env.items()):
-            body.append(f"<figure>{curve_svg(env_id, series, 'success rate')}<figcaption>Success on the tasks of "
-                        f"{escape(env_id)} against rollout episodes spent in training (mean over seeds; band: "
-                        "+- one standard error across seeds).</figcaption></figure>")
+        body += _curve_figures(table)
     if not rows:
         body.append("<p>No records yet: add one with <code>agentgym-opd leaderboard add RECORD.json</code>.</p>")
     return _page("agentgym-opd leaderboard", body, script=True)
@@ -185,6 +258,49 @@ def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
 def _shade(value: float, scale: float) -> str:
     alpha = 0.0 if scale <= 0 else min(1.0, value / scale)
     return f"background: rgba(214, 39, 40, {0.85 * alpha:.3f})"
+
+
+def _token(token: str, divergence: float | None, teacher_top: str | None, scale: float) -> str:
+    """One agent token, shaded by its divergence; the hover names the value and the teacher's top token."""
+    hover = [] if divergence is None else [f"{divergence:.4f}"]
+    if teacher_top is not None:
+        hover.append(f"teacher's top token: {teacher_top!r}")
+    title = f' title="{escape("; ".join(hover))}"' if hover else ""
+    if divergence is None:
+        return f'<span class="tok"{title}>{escape(token)}</span>'
+    return f'<span class="tok" data-div="{divergence:.4f}"{title} style="{_shade(divergence, scale)}">{escape(token)}</span>'
+
+
+def _legend(signal: str, scale: float) -> str:
+    """The shading's key: five swatches from no divergence to the page's 95th percentile and above."""
+    steps = [scale * k / 4 for k in range(5)]
+    swatches = "".join(f'<span class="tok" style="{_shade(v, scale)}">&nbsp;{v:.3f}{"+" if k == 4 else ""}&nbsp;</span>'
+                       for k, v in enumerate(steps))
+    return f'<p class="note legend">Colour key ({signal} per token): {swatches}</p>'
+
+
+def _judge_note(training: dict[str, float], traces: list[dict[str, Any]]) -> list[str]:
+    """A visible warning where SAGE-OPD's judge defaulted: the share the record states, or, where it states
+    none, the sign of it in the traces (every judged turn carries one label and one weight, the default's)."""
+    labels = [(t["turn_label"], t["turn_weight"]) for ep in traces for t in ep["turns"] if t["turn_label"]]
+    if not labels:
+        return []
+    share = training.get("judge_defaulted_share")
+    if share is not None:
+        if share <= 0:
+            return []
+        return [f'<p class="warn">The judge\'s verdict was unreadable and defaulted on {share:.0%} of the judged '
+                "turns in training: those turns' weights are SAGE-OPD's default label, not the teacher's "
+                "judgement.</p>"]
+    if len({label for label, _ in labels}) == 1:
+        label = labels[0][0]
+        weights = [w for _, w in labels if w is not None]
+        span = f", weights {min(weights):.3f}-{max(weights):.3f}" if weights else ""
+        return [f'<p class="warn">Every one of the {len(labels)} judged turns on this page carries the label '
+                f"{escape(label)}{span}: where the judge's verdict cannot be read SAGE-OPD gives a turn its default "
+                "label (weak unless configured otherwise), so the judge most likely defaulted throughout; this "
+                "record does not state its <code>judge_defaulted_share</code>.</p>"]
+    return []
 
 
 def episode_page(row: "Row", rid: str, traces: list[dict[str, Any]]) -> str:
@@ -197,20 +313,28 @@ def episode_page(row: "Row", rid: str, traces: list[dict[str, Any]]) -> str:
     if values:
         signal = next((ep["signal"] for ep in traces if ep["signal"]), "divergence")
         body.append(f'<p class="note">Agent tokens shaded by the per-token {escape(signal)} the loss computed '
-                    f"(darkest at the 95th percentile of this page, {scale:.3f}; exact value on hover).</p>")
+                    f"(darkest at the 95th percentile of this page, {scale:.3f}; exact value, and the teacher's most "
+                    "likely token where the record keeps it, on hover).</p>")
+        body.append(_legend(escape(signal), scale))
     else:
         body.append('<p class="note">This method has no teacher: tokens are shown without a divergence.</p>')
+    body += _judge_note(row.training.get(rid, {}), traces)
     for n, ep in enumerate(traces):
         verdict = "success" if ep["success"] else "failure"
         body.append(f'<h2 class="episode">Episode {n + 1}: task {escape(ep["task_id"])} ({verdict}, score {ep["score"]:.2f})</h2>')
+        if ep.get("first_prompt"):
+            body.append(f'<details open><summary>First prompt (what the agent saw first)</summary>'
+                        f'<pre class="prompt">{escape(ep["first_prompt"])}</pre></details>')
+        else:
+            body.append('<p class="note">This record does not keep the episode\'s first prompt (records made before '
+                        'traces kept it).</p>')
         body.append('<table class="turns"><thead><tr><th class="nosort">turn</th><th class="nosort">action (agent tokens)</th>'
                     '<th class="nosort">observation</th><th class="nosort">error</th><th class="nosort">turn weight</th></tr></thead><tbody>')
         for k, turn in enumerate(ep["turns"]):
             if turn["tokens"]:
                 divs = turn["divergence"] or [None] * len(turn["tokens"])
-                action = "".join(
-                    f'<span class="tok" data-div="{d:.4f}" title="{d:.4f}" style="{_shade(d, scale)}">{escape(tok)}</span>'
-                    if d is not None else f'<span class="tok">{escape(tok)}</span>' for tok, d in zip(turn["tokens"], divs))
+                tops = turn.get("teacher_top") or [None] * len(turn["tokens"])
+                action = "".join(_token(tok, d, top, scale) for tok, d, top in zip(turn["tokens"], divs, tops))
             else:
                 action = escape(turn["action"])
             error = escape(turn["error_kind"]) if turn["error_kind"] else "-"

@@ -1,10 +1,10 @@
 """The leaderboard's numbers: records pooled over seeds into rows, rows into each env family's ranked table.
 
 `aggregate_rows` groups records of the same env split x algorithm x student x teacher x budget x protocol x
-origin over seeds (one record: its own mean and standard error; k >= 2: the mean of the seed means and
-std/sqrt(k)); `Row.interval` is the 95% interval (Student-t across seeds, Wilson's over one record's
-episodes for a success rate); `family_tables` ranks each family's methods by its primary metric on the
-held-out split and marks those evaluated under another protocol or on other tasks than the bench's.
+origin over seeds; a share's cell pools the seeds' episodes and `Row.interval` is Wilson's 95% interval over
+them (the one interval every output shows, `interval_words`); `family_tables` ranks each track's methods
+(`evaluation.leaderboard_tracks`) by its primary metric on the held-out split, and
+`evaluation.leaderboard_ranks` groups ranks and pairs rows from the per-episode evidence.
 `evaluation.leaderboard` stores records and renders these tables (the module docstring there says what a
 reader sees); nothing here reads or writes a file.
 """
@@ -37,36 +37,21 @@ SPLIT_ORDER = ("valid_unseen", "unseen", "test", "valid_seen", "seen", "valid", 
 # the protocol entries two rows must share to be compared as equals
 COMPARED_PROTOCOL = ("temperature", "samples", "max_new_tokens", "max_turns", "action_parser", "env_args",
                      "system_prompt", "max_context_tokens")
-# per-episode 0/1 outcomes: one record's interval is Wilson's (over its episodes)
-BINARY_METRICS = frozenset({"success_rate"})
-# Student-t 0.975 quantiles, by degrees of freedom (1-30); beyond: the normal 1.96
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+def wilson_interval(p: float, n: int) -> tuple[float, float]:
+    """Wilson's 95% score interval of a success share ``p`` over ``n`` episodes: the bench's own
+    (`evaluation.bench.stats`), so the leaderboard and the bench print the same interval for a cell. Unlike
+    mean +- 1.96 se it does not collapse to a point at 0 or 1, which small evaluations hit all the time."""
+    from evaluation.bench.stats import wilson_interval as bench_wilson
 
-
-
-def quantile95(n_seeds: int) -> float:
-    if n_seeds <= 1:
-        return 1.96
-    df = n_seeds - 1
-    return T975[df - 1] if df <= len(T975) else 1.96
-
-
-def wilson_interval(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson's 95% score interval of a success share ``p`` over ``n`` episodes: unlike mean +- 1.96 se it
-    does not collapse to a point at 0 or 1, which small evaluations hit all the time."""
-    if n <= 0:
-        return 0.0, 1.0
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return bench_wilson(round(p * n, 9), n)
 
 
 def interval_words() -> str:
-    """How ``Row.interval`` computes one record's interval, in words, for the tables' captions (from the same
-    constants, so the caption cannot drift from the numbers)."""
-    return (f"Wilson's score interval over its episodes for {', '.join(sorted(BINARY_METRICS))}, "
-            "mean +- 1.96 se for other metrics")
+    """How ``Row.interval`` computes a cell's interval, in words, for the tables' captions (one place, so the
+    caption cannot drift from the numbers)."""
+    return ("Wilson's 95% score interval over the row's evaluation episodes pooled over its seeds (n: those "
+            "episodes; a row that trains nothing counts tasks it replayed under several seeds once); a metric "
+            "that is not a share: mean +- 1.96 se")
 
 
 def effective_protocol(record: dict[str, Any]) -> dict[str, Any]:
@@ -127,6 +112,9 @@ class Row:
     record_ids: list[str] = field(default_factory=list)  # seed order
     episodes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # record id -> traces
     tasks: dict[int, str] = field(default_factory=dict)  # seed -> provenance.tasks_sha256 (where stated)
+    outcomes: dict[tuple[int, str], float] = field(default_factory=dict)  # (seed, task) -> success, where recorded
+    pooled: dict[str, tuple[float, int]] = field(default_factory=dict)  # rate metric -> (sum over episodes, episodes)
+    training: dict[str, dict[str, float]] = field(default_factory=dict)  # record id -> its `training` diagnostics
 
     @property
     def display_algorithm(self) -> str:
@@ -140,14 +128,15 @@ class Row:
         """(mean, low, high) of the 95% interval; None if the row lacks the metric."""
         if metric not in self.metrics:
             return None
+        if metric in self.pooled:
+            total, n = self.pooled[metric]
+            return (total / n, *wilson_interval(total / n, n))
         mean, se = self.metrics[metric]
-        if len(self.seeds) == 1 and metric in BINARY_METRICS:
-            return (mean, *wilson_interval(mean, self.n_episodes))
-        half = quantile95(len(self.seeds)) * se
-        low, high = mean - half, mean + half
-        if is_rate(metric):
-            low, high = max(0.0, low), min(1.0, high)
-        return mean, low, high
+        return mean, mean - 1.96 * se, mean + 1.96 * se
+
+    def episodes_behind(self, metric: str) -> int:
+        """The n of ``interval(metric)``: the pooled episodes behind a rate, else the row's episodes."""
+        return self.pooled[metric][1] if metric in self.pooled else self.n_episodes
 
 
 def split_key(name: str) -> tuple[int, str]:
@@ -222,11 +211,39 @@ def aggregate_rows(records: list[dict[str, Any]]) -> list[Row]:
                 mu = sum(means) / len(means)
                 sd = math.sqrt(sum((m - mu) ** 2 for m in means) / (len(means) - 1))
                 row.metrics[name] = (mu, sd / math.sqrt(len(means)))
+        row.pooled = pooled_rates(recs)
+        for name, (total, n) in row.pooled.items():  # a rate's mean is the pooled one its interval is about
+            row.metrics[name] = (total / n, row.metrics[name][1])
+        row.outcomes = {(r["seed"], task): float(v) for r in recs for task, v in (r.get("outcomes") or {}).items()}
         row.curves = [r["curve"] for r in recs if r.get("curve")]
         row.episodes = {rid: r["episodes"] for rid, r in zip(row.record_ids, recs) if r.get("episodes")}
+        row.training = {rid: r["training"] for rid, r in zip(row.record_ids, recs) if r.get("training")}
         row.tasks = {r["seed"]: r["provenance"]["tasks_sha256"] for r in recs if r.get("provenance")}
         rows.append(row)
     return rows
+
+
+def pooled_rates(records: list[dict[str, Any]]) -> dict[str, tuple[float, int]]:
+    """Per rate metric, (sum over episodes, episodes) of the seed records pooled: the row's cell is the share
+    over every evaluation episode, as the bench prints it. A row that trains nothing (the warm start, the
+    teacher, an untrained model) evaluated the same tasks under several seeds played the same episodes again,
+    so those tasks count once."""
+    trains_nothing = all(record_budget(r)[0] in (0, None) and not r.get("curve") for r in records)
+    seen: set[str] = set()
+    kept = []
+    for r in records:
+        tasks = (r.get("provenance") or {}).get("tasks_sha256")
+        if trains_nothing and tasks is not None:
+            if tasks in seen:
+                continue
+            seen.add(tasks)
+        kept.append(r)
+    pooled: dict[str, tuple[float, int]] = {}
+    for name in sorted({m for r in kept for m in r["metrics"] if is_rate(m)}):
+        having = [r for r in kept if name in r["metrics"]]
+        pooled[name] = (sum(r["metrics"][name]["mean"] * r["n_episodes"] for r in having),
+                        sum(r["n_episodes"] for r in having))
+    return pooled
 
 
 def rows_by_family(rows: list[Row]) -> dict[str, list[Row]]:

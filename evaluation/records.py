@@ -23,6 +23,7 @@ A record is a JSON object. Schema version 1 (fields below the line are optional)
 | `reproduces` | str (16 hex digits) | with `origin: reproduced` only, and then required: the record id of the published record it reruns (same env, split, algorithm, models and seed); a leaderboard folder publishes it only beside that record |
 | `provenance` | object, see `evaluation.provenance` | package versions, task-set hash, chat-template hash, weights hash, full command, seeds |
 | `episodes` | list of episode traces, see `evaluation.episode_trace` | a few evaluation episodes, turn by turn, with per-token divergences for distillation methods |
+| `outcomes` | optional {task id: number in [0, 1]} | each evaluated task's success (the mean over its samples), at most ``MAX_OUTCOMES`` tasks: the leaderboard pairs two rows over the same (seed, task) episodes with them |
 | `throughput` | optional {"agent_tokens": int, "tokens_per_s": number} | tokens the policy generated, and per second of wall time |
 
 Every field is bounded (a record is at most ``MAX_RECORD_BYTES`` of JSON, ``MAX_METRICS`` metrics, names at
@@ -49,6 +50,7 @@ MAX_RECORD_BYTES = 1_000_000
 MAX_METRICS = 200
 MAX_NAME_CHARS = 200
 MAX_CURVE_POINTS = 1000
+MAX_OUTCOMES = 20_000  # tasks whose outcome one record keeps (ALFWorld's splits and HumanEval+ are far smaller)
 MAX_PROTOCOL_ENTRIES = 50
 MAX_PROMPT_CHARS = 8000  # a protocol's system prompt (BFCL's own is ~1,000 characters over several lines)
 SEED_LIMIT = 2**63  # seeds are 64-bit: |seed| < 2**63
@@ -250,6 +252,17 @@ def _lazy(name: str) -> Callable[[Any], str | None]:
     return check
 
 
+def _check_outcomes(value: Any) -> str | None:
+    """Per-task success shares: task ids are names (printable, bounded), values lie in [0, 1]."""
+    want = f"must be {{task id: number in [0, 1]}} with at most {MAX_OUTCOMES} tasks"
+    if not isinstance(value, dict) or not 0 < len(value) <= MAX_OUTCOMES:
+        return f"{want}, got {type(value).__name__} of {len(value) if isinstance(value, dict) else '?'} entries"
+    for task, share in value.items():
+        if not _printable_name(task) or not (_is_number(share) and 0 <= share <= 1):
+            return f"{want}; {task!r:.80}: {share!r:.40}"
+    return None
+
+
 # name: (required, check). Adding a field is one line here (and one row in the docstring's table).
 FIELDS: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "schema_version": (True, _typed(int, lambda v: v == SCHEMA_VERSION, f"the integer {SCHEMA_VERSION}")),
@@ -274,6 +287,7 @@ FIELDS: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
     "provenance": (False, _lazy("evaluation.provenance:check_provenance")),
     "episodes": (False, _lazy("evaluation.episode_trace:check_episodes")),
     "training": (False, _check_training),
+    "outcomes": (False, _check_outcomes),
     "throughput": (False, lambda v: None if isinstance(v, dict) and set(v) == {"agent_tokens", "tokens_per_s"}
                    and _check_quantity("agent_tokens", v["agent_tokens"]) is None and _is_number(v["tokens_per_s"])
                    and 0 <= v["tokens_per_s"] <= 1e12 else f"must be {{'agent_tokens': int >= 0, 'tokens_per_s': number >= 0}}, got {v!r:.200}"),

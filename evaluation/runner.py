@@ -123,6 +123,15 @@ def run_agent(
     return [per_sample[s][k] for k in range(len(ids)) for s in range(samples_per_task)]
 
 
+def task_outcomes(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Each task's success share over its episodes (one per task under greedy evaluation): what lets the
+    leaderboard pair two records over the same (seed, task) episodes."""
+    by_task: dict[str, list[float]] = {}
+    for episode in episodes:
+        by_task.setdefault(str(episode.task.id), []).append(float(episode.success))
+    return {task: sum(v) / len(v) for task, v in by_task.items()}
+
+
 def make_record(
     env_id: str,
     split: str,
@@ -157,6 +166,7 @@ def make_record(
     }
     if curve:
         record["curve"] = curve
+    record["outcomes"] = task_outcomes(episodes)
     if protocol:
         record["protocol"] = dict(protocol)
     if throughput:

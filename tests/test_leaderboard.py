@@ -184,17 +184,17 @@ def test_cli_add_publishes_all_files_or_none(tmp_path, capsys):
 def test_the_tables_caption_names_the_interval_a_single_record_gets(tmp_path):
     """One record's success_rate cell is Wilson's interval over its episodes, and the captions say so."""
     from evaluation.leaderboard import wilson_interval
+    from evaluation.leaderboard_tables import interval_words
 
     board = Leaderboard(tmp_path / "lb")
     board.add(make_record("opd", 0, 0.5, n_episodes=10))
     md = board.markdown(board.rows(board.load_records()))
-    caption = next(line for line in md.splitlines() if line.startswith("Ranked tables:"))
-    assert "one record: Wilson's score interval over its episodes for success_rate, mean +- 1.96 se for other" in caption
+    caption = next(line for line in md.splitlines() if line.startswith("Ranked tables"))
+    assert "Wilson's 95% score interval over the row's evaluation episodes pooled over its seeds" in caption
     low, high = wilson_interval(0.5, 10)
     assert f"0.500 [{low:.3f}, {high:.3f}]" in md and f"[{0.5 - 1.96 * 0.05:.3f}" not in md
     board.build()  # the page says the same
-    assert "for one record Wilson's score interval over its episodes for success_rate, mean +- 1.96 se for other" in (
-        tmp_path / "lb" / "index.html").read_text()
+    assert interval_words() in (tmp_path / "lb" / "index.html").read_text()
 
 
 def test_cli_add_warns_about_an_algorithm_nothing_here_registers_and_publishes_it(tmp_path, capsys):

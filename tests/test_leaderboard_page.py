@@ -154,3 +154,90 @@ def test_sort_and_protocol_filter_work_without_a_server(tmp_path):
     dom = run_chromium(tmp_path, "--dump-dom", probe.as_uri()).stdout
     assert 'data-order="opd,sft,grpo"' in dom  # ascending by success after two clicks
     assert 'data-shown="sft"' in dom
+
+
+# ----------------------------------------------------------------------------------------------------
+# Issue 38: the plot, the stamp, the episode page (unit level: no browser)
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_every_series_of_a_crowded_plot_is_drawn_alike_by_no_other_and_the_axis_fits_the_data():
+    from evaluation.leaderboard_plots import curve_svg, fitted_limits, series_style
+
+    assert len({series_style(i) for i in range(40)}) == 40  # 12 series on a 10-colour cycle repeated colours
+    low, high = fitted_limits([0.17, 0.39])
+    assert 0.1 < low < 0.17 and 0.39 < high < 0.5  # not 0 to 1
+    series = [(f"m{i}", [{"rollouts": 0, "success_rate": 0.28, "stderr": 0.0},
+                         {"rollouts": 64, "success_rate": 0.2 + 0.01 * i, "stderr": 0.01}]) for i in range(12)]
+    svg = curve_svg("env", series, "success rate", [("warm_start (table, n=300)", 0.307), ("teacher (table, n=300)", 0.64)])
+    assert "warm_start (table, n=300)" in svg and "teacher (table, n=300)" in svg
+    assert len({c for c in re.findall(r"stroke: (#[0-9a-f]{6})", svg) if c != "#444444"}) >= 12
+
+
+def test_the_page_carries_its_stamp_and_build_check_ignores_only_the_stamp(tmp_path):
+    from agentgym_opd.cli import main
+
+    board = Leaderboard(tmp_path / "lb")
+    board.add(make_record("opd", 0, 0.5))
+    board.build()
+    page = tmp_path / "lb" / "index.html"
+    html = page.read_text()
+    stamp = re.search(r'<p class="stamp">Built (\d{4}-\d{2}-\d{2}) \(UTC\) from 1 records by agentgym-opd (\S+), '
+                      r"code revision (\S+)\.</p>", html)
+    assert stamp and stamp.group(2) != "not installed", html[:2000]
+    page.write_text(html.replace(stamp.group(1), "1999-01-01"))  # built another day: still current
+    assert main(["leaderboard", "--root", str(tmp_path / "lb"), "build", "--check"]) == 0
+    page.write_text(html.replace("opd", "opx"))  # anything else changed: stale
+    assert main(["leaderboard", "--root", str(tmp_path / "lb"), "build", "--check"]) == 1
+
+
+def trace(labels=("weak", "weak"), first_prompt: str | None = "Your task is to: put a <b>plate</b> in cabinet 2.",
+          teacher_top=("plate", None)) -> dict:
+    turns = [{"action": "take plate", "observation": "ok", "error_kind": None, "error_message": None,
+              "tokens": ["take", " plate"], "divergence": [0.1, 0.9], "turn_weight": 0.5, "turn_label": label,
+              **({"teacher_top": list(teacher_top)} if teacher_top else {})} for label in labels]
+    episode = {"task_id": "t1", "success": False, "score": 0.0, "signal": "reverse_kl", "turns": turns}
+    return {**episode, "first_prompt": first_prompt} if first_prompt is not None else episode
+
+
+def episode_html(tmp_path, traces, **over) -> str:
+    from evaluation.records import record_id
+
+    board = Leaderboard(tmp_path / "lb")
+    record = make_record("sage_opd", 0, 0.5, episodes=traces, **over)
+    board.add(record)
+    board.build()
+    return (tmp_path / "lb" / "episodes" / f"{record_id(record)}.html").read_text()
+
+
+def test_an_episode_page_shows_the_first_prompt_a_legend_and_the_teachers_top_token(tmp_path):
+    html = episode_html(tmp_path, [trace(labels=("weak", "strong"))])
+    assert '<pre class="prompt">Your task is to: put a &lt;b&gt;plate&lt;/b&gt; in cabinet 2.</pre>' in html
+    assert 'class="note legend"' in html and "Colour key (reverse_kl per token)" in html
+    assert "teacher&#x27;s top token: &#x27;plate&#x27;" in html
+    assert 'class="warn"' not in html  # the judge gave two labels: nothing says it defaulted
+
+
+def test_an_episode_page_says_where_sage_opds_judge_defaulted(tmp_path):
+    html = episode_html(tmp_path / "a", [trace(first_prompt=None)])  # every judged turn the default label
+    assert 'class="warn"' in html and "judge most likely defaulted" in html
+    assert "does not keep the episode's first prompt" in html
+    stated = episode_html(tmp_path / "b", [trace(labels=("weak", "strong"))], training={"judge_defaulted_share": 0.75})
+    assert 'class="warn"' in stated and "defaulted on 75% of the judged turns" in stated
+
+
+@pytest.mark.slow
+def test_page_screenshot_shows_tracks_rank_groups_and_paired_columns(board, tmp_path):
+    """The committed records in a real browser: the bench's track heading, rank groups, the n and paired
+    columns, the stamp and a curve figure with its reference lines."""
+    out = run_chromium(tmp_path, "--dump-dom", (board / "index.html").as_uri())
+    dom = out.stdout
+    assert "household: from household-student-64x2-1000steps, teacher household-teacher" in dom
+    assert re.search(r'<td class="rankcol" data-sort="\d+">\d+-\d+</td>', dom)  # a rank group, e.g. 2-15
+    assert "vs warm_start" in dom and "vs opd" in dom and '<p class="stamp">Built ' in dom
+    assert "warm_start (table, n=" in dom and "teacher (table, n=" in dom
+    shot = tmp_path / "tracks.png"
+    assert run_chromium(tmp_path, f"--screenshot={shot}", (board / "index.html").as_uri()).returncode == 0
+    keep(shot)
+    image, px = pixels(shot)
+    assert count(image, px, lambda p: sum(p) < 200, (0, 150, WIDTH, 600)) > 1000  # the table's text is drawn
