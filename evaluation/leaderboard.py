@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evaluation.leaderboard_tables import (FamilyTable, Method, Row, aggregate_rows, best_values, error_kinds,  # noqa: F401
-                                           family_tables, interval_text, interval_words, metric_title, primary_metric,
+                                           family_tables, interval_text, interval_words, is_zero_shot, metric_title,
+                                           primary_metric,
                                            record_budget, rows_by_family, wilson_interval)
 from evaluation.leaderboard_ranks import REFERENCES, paired_words, rank_groups, reference_differences
 from evaluation.records import (MAX_RECORD_BYTES, RecordError, env_family, parse_record, protocol_label, record_id,
@@ -257,7 +258,8 @@ class Leaderboard:
                  f"being {interval_words()}; n: the episodes behind the ranking split's cell. {paired_words()} "
                  "A `*` after a name marks a row whose evaluation protocol differs from the bench's, or that was "
                  "evaluated on other tasks than the bench's record of the same split and seed; `(reproduced)` a rerun.", ""]
-        for table in self.family_tables(rows):
+        tables = self.family_tables(rows)
+        for table in [t for t in tables if not is_zero_shot(t)]:
             lines += [f"## {md_cell(table.track.title if table.track else table.family)}", "",
                       f"Primary metric: `{md_cell(metric_title(table.family, table.metric))}`; ranked by "
                       f"{md_cell(table.ranking_env)}.", ""]
@@ -288,6 +290,7 @@ class Leaderboard:
                                        for k in ["error_rate", *(f"error_rate/{k}" for k in kinds)]]
                 lines.append("| " + " | ".join(md_cell(c) for c in cells) + " |")
             lines.append("")
+        lines += self.zero_shot_markdown([t for t in tables if is_zero_shot(t)])
         lines += ["# Every metric", "", "Mean +- standard error; bold: best in the env split "
                   "(lowest for mean_turns and error rates).", ""]
         # each row named as its line of the ranked table names it (budget, `same as bench`)
@@ -313,6 +316,25 @@ class Leaderboard:
                 lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
         return "\n".join(lines)
+
+    def zero_shot_markdown(self, tables: list[FamilyTable]) -> list[str]:
+        """One table of every zero-shot track (an untrained model under its own protocol): env, model, the
+        family's primary metric with its interval and n, and the protocol."""
+        if not tables:
+            return []
+        lines = ["## Zero-shot models", "", "Untrained models, each evaluated once under its env's own protocol "
+                 "(no trained row shares it, so there is nothing to rank them against).", ""]
+        head = ["env", "model", "metric", "value [95% interval]", "n", "seeds", "protocol"]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "|".join("---" for _ in head) + "|")
+        for table in tables:
+            for m in table.methods:
+                r = m.by_env[table.ranking_env]
+                cells = [table.ranking_env, m.student, metric_title(table.family, table.metric),
+                         self.interval_text(r, table.metric), r.episodes_behind(table.metric),
+                         ",".join(map(str, m.seeds)), m.shown_protocol]
+                lines.append("| " + " | ".join(md_cell(c) for c in cells) + " |")
+        return lines + [""]
 
     def csv(self, rows: list[Row]) -> str:
         metrics = sorted({m for r in rows for m in r.metrics})

@@ -16,6 +16,7 @@ Every text from a record is escaped with ``html.escape``; nothing from a record 
 
 from __future__ import annotations
 
+import math
 import re
 from html import escape
 from typing import TYPE_CHECKING, Any
@@ -227,8 +228,35 @@ def without_stamp(text: str) -> str:
     return STAMP.sub("", text)
 
 
+def _zero_shot_table(tables: list["FamilyTable"]) -> list[str]:
+    """Every zero-shot track (an untrained model under its env's own protocol) as one row of one table."""
+    from evaluation.leaderboard_tables import is_zero_shot, metric_title  # noqa: F401
+
+    if not tables:
+        return []
+    out = ['<h2 id="zero-shot">Zero-shot models</h2>',
+           '<p class="note">Untrained models, each evaluated once under its env\'s own protocol (no trained row '
+           "shares it, so there is nothing to rank them against). Value: the family's primary metric with the "
+           "interval above; n: its episodes.</p>",
+           '<table class="zeroshot"><thead><tr>' + "".join(f"<th data-sortable>{h}</th>" for h in
+           ("env", "model", "metric", "value", "n", "protocol", "episodes")) + "</tr></thead><tbody>"]
+    for table in tables:
+        for m in table.methods:
+            r = m.by_env[table.ranking_env]
+            mean, low, high = r.interval(table.metric) or (math.nan, math.nan, math.nan)
+            link = _episode_link(r)
+            view = f'<a href="{escape(link)}">view</a>' if link else "-"
+            out.append(f'<tr><td>{escape(table.ranking_env)}</td><td>{escape(m.student)}</td>'
+                       f'<td class="small">{escape(metric_title(table.family, table.metric))}</td>'
+                       f'<td class="primary" data-sort="{mean:.6f}"><b>{mean:.3f}</b> <span class="ci">[{low:.2f}, '
+                       f'{high:.2f}]</span></td><td>{r.episodes_behind(table.metric)}</td>'
+                       f'<td class="small">{escape(m.shown_protocol)}</td><td class="small">{view}</td></tr>')
+    out.append("</tbody></table>")
+    return out
+
+
 def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
-    from evaluation.leaderboard_tables import interval_words, metric_title
+    from evaluation.leaderboard_tables import interval_words, is_zero_shot, metric_title
 
     body = ["<h1>agentgym-opd leaderboard</h1>",
             '<p class="note">One ranked table per track (env family, starting student, teacher or none, protocol): '
@@ -239,7 +267,8 @@ def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
             "&#x2731; marks a row evaluated under another protocol than the bench's, or on other tasks than the "
             "bench's record of the same split and seed. Click a header to sort.</p>"]
     body.append(build_stamp(rows))
-    tables = board.family_tables(rows)
+    all_tables = board.family_tables(rows)
+    tables = [t for t in all_tables if not is_zero_shot(t)]
     for i, table in enumerate(tables):
         heading = table.track.title if table.track else table.family
         anchor = table.track.slug if table.track else table.family
@@ -250,6 +279,7 @@ def render_html(board: "Leaderboard", rows: list["Row"]) -> str:
         body.append(f'<p class="note">Errors on {escape(table.ranking_env)}: share of turns that ended in each error kind.</p>')
         body += _error_table(table)
         body += _curve_figures(table)
+    body += _zero_shot_table([t for t in all_tables if is_zero_shot(t)])
     if not rows:
         body.append("<p>No records yet: add one with <code>agentgym-opd leaderboard add RECORD.json</code>.</p>")
     return _page("agentgym-opd leaderboard", body, script=True)

@@ -319,6 +319,13 @@ def family_methods(frows: list[Row]) -> tuple[dict[tuple, Method], dict[str, Any
     return methods, bench_protocol
 
 
+def is_zero_shot(table: FamilyTable) -> bool:
+    """A track of untrained models evaluated under their own protocol (no bench rows to compare with): shown
+    together in one zero-shot table rather than as a ranked table of one row each."""
+    return (table.track is not None and table.track.protocol != BENCH_PROTOCOL
+            and all(m.algorithm == "base" and not m.teacher for m in table.methods))
+
+
 def track_protocol(m: Method, bench_protocol: dict[str, Any] | None) -> str:
     """The protocol part of a method's track: the bench's where the family has bench rows and the method was
     evaluated like them, else the method's own protocol."""

@@ -77,3 +77,21 @@ def test_the_budget_is_a_column_not_part_of_the_name(tmp_path):
     opd = [line for line in ranked if line.split(" | ")[1] == "opd"]
     assert len(opd) == 2 and not any("episodes)" in line for line in lines)
     assert {line.split(" | ")[column] for line in opd} == {"64", "256"}
+
+
+def test_zero_shot_real_model_rows_sit_together_in_one_table(tmp_path):
+    board = Leaderboard(tmp_path / "lb")
+    the_bench(board)
+    own = {"temperature": 0.0, "samples": 1, "max_new_tokens": 64, "max_turns": 8, "action_parser": "text"}
+    board.add(make_record("base", 0, 0.0, env_id="alfworld/valid_unseen", student="smollm2", teacher=None, protocol=own))
+    board.add(make_record("base", 0, 0.1, env_id="scienceworld/find-living-thing", student="smollm2", teacher=None,
+                          protocol=own))
+    board.build()
+    md = (tmp_path / "lb" / "LEADERBOARD.md").read_text()
+    ranked_part, zero_shot = md.split("## Zero-shot models")
+    assert "## alfworld" not in ranked_part and "## scienceworld" not in ranked_part  # no one-row ranked tables
+    zero_shot = zero_shot.split("# Every metric")[0]
+    assert "| alfworld/valid_unseen | smollm2 | success_rate | 0.000 [" in zero_shot
+    assert "| scienceworld/find-living-thing | smollm2 | success_rate | 0.100 [" in zero_shot
+    html = (tmp_path / "lb" / "index.html").read_text()
+    assert html.count('<table class="zeroshot">') == 1 and "scienceworld/find-living-thing</td>" in html
