@@ -118,8 +118,10 @@ def token_text(tokenizer: Any, token_id: int) -> str:
 
 def trace_episode(episode: Any, *, token_ids: Sequence[Sequence[int]] | None = None, tokenizer: Any = None,
                   divergences: Sequence[Sequence[float]] | None = None, turn_weights: Sequence[float | None] | None = None,
-                  turn_labels: Sequence[str | None] | None = None, signal: str | None = None) -> dict[str, Any]:
-    """One ``Episode`` as a trace; per-turn token ids / divergences / weights / labels where known."""
+                  turn_labels: Sequence[str | None] | None = None, signal: str | None = None,
+                  teacher_tops: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
+    """One ``Episode`` as a trace; per-turn token ids / divergences / weights / labels / the teacher's top
+    tokens where known."""
     turns = []
     for k, turn in enumerate(episode.turns[:MAX_TURNS]):
         ids = list(token_ids[k]) if token_ids is not None and k < len(token_ids) else list(turn.action_token_ids)
@@ -140,6 +142,9 @@ def trace_episode(episode: Any, *, token_ids: Sequence[Sequence[int]] | None = N
             "turn_weight": None if weight is None else round(float(weight), 6),
             "turn_label": label if label in LABELS else None,
         })
+        top = list(teacher_tops[k])[: len(tokens)] if teacher_tops is not None and k < len(teacher_tops) else []
+        if tokens and len(top) == len(tokens):  # one per shown token, or none at all
+            turns[-1]["teacher_top"] = top
     trace = {"task_id": clip_text(episode.task.id, 200), "success": bool(episode.success),
              "score": float(episode.score), "signal": signal, "turns": turns}
     first = getattr(episode, "initial_observation", None)
@@ -187,6 +192,7 @@ def capture_traces(algorithm: Any, batch: Any, limit: int = 3) -> list[dict[str,
     divergences: list[list[list[float]] | None] = [None] * n
     weights: list[list[float | None] | None] = [None] * n
     labels: list[list[str] | None] = [None] * n
+    tops: list[list[str | None] | None] = [None] * n
     signal = None
     if hasattr(algorithm, "distillation_terms"):
         model = algorithm.model
@@ -197,6 +203,7 @@ def capture_traces(algorithm: Any, batch: Any, limit: int = 3) -> list[dict[str,
                 state = algorithm.prepare(batch)  # what the method decides once per batch (SAGE: verdicts, s_t)
                 per_token, mask, student_logits, teacher_logits, _ = algorithm.distillation_terms(batch, rows, state)
                 turn_of = batch.turn_index[rows][:, 1: mask.shape[1] + 1].to(mask.device)
+                top_ids = teacher_top_ids(student_logits, teacher_logits, mask)
                 token_weights = None
                 if getattr(state, "weights", None) is not None and getattr(state, "verdicts", None) is not None:
                     token_weights = state.weights[rows][:, : mask.shape[1]].to(mask.device) * mask
@@ -208,11 +215,26 @@ def capture_traces(algorithm: Any, batch: Any, limit: int = 3) -> list[dict[str,
         for r in range(n):
             n_turns = len(batch.episodes[r].turns)
             divergences[r] = _per_turn(per_token[r].detach().float().cpu(), turn_of[r].cpu(), mask[r].cpu(), n_turns)
+            if top_ids is not None and tokenizer is not None:
+                per_turn_top = _per_turn(top_ids[r].float().cpu(), turn_of[r].cpu(), mask[r].cpu(), n_turns)
+                tops[r] = [[token_text(tokenizer, int(t)) for t in turn] for turn in per_turn_top]
             if token_weights is not None:
                 per_turn_w = _per_turn(token_weights[r].detach().float().cpu(), turn_of[r].cpu(), mask[r].cpu(), n_turns)
                 weights[r] = [w[0] if w else 0.0 for w in per_turn_w]
     return [trace_episode(batch.episodes[r], token_ids=token_ids[r], tokenizer=tokenizer, divergences=divergences[r],
-                          turn_weights=weights[r], turn_labels=labels[r], signal=signal) for r in range(n)]
+                          turn_weights=weights[r], turn_labels=labels[r], signal=signal, teacher_tops=tops[r])
+            for r in range(n)]
+
+
+def teacher_top_ids(student_logits: Any, teacher_logits: Any, mask: Any) -> Any:
+    """The teacher's most likely token id at each agent position (``[rows, T]``), or None where the teacher's
+    logits are not over the student's vocabulary (another tokenizer) or not there at all: a top token is
+    shown only when it is a token of the text the reader sees."""
+    if teacher_logits is None or student_logits is None or teacher_logits.dim() != 3:
+        return None
+    if teacher_logits.shape[-1] != student_logits.shape[-1]:
+        return None
+    return teacher_logits[:, : mask.shape[1]].argmax(dim=-1)
 
 
 def capture_eval_traces(algorithm: Any, engine: Any, env_id: str, task_ids: Sequence[str], *, seed: int = 0,

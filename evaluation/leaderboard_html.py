@@ -248,7 +248,7 @@ def _zero_shot_table(tables: list["FamilyTable"]) -> list[str]:
             view = f'<a href="{escape(link)}">view</a>' if link else "-"
             out.append(f'<tr><td>{escape(table.ranking_env)}</td><td>{escape(m.student)}</td>'
                        f'<td class="small">{escape(metric_title(table.family, table.metric))}</td>'
-                       f'<td class="primary" data-sort="{mean:.6f}"><b>{mean:.3f}</b> <span class="ci">[{low:.2f}, '
+                       f'<td class="value" data-sort="{mean:.6f}"><b>{mean:.3f}</b> <span class="ci">[{low:.2f}, '
                        f'{high:.2f}]</span></td><td>{r.episodes_behind(table.metric)}</td>'
                        f'<td class="small">{escape(m.shown_protocol)}</td><td class="small">{view}</td></tr>')
     out.append("</tbody></table>")

@@ -54,6 +54,15 @@ def test_opd_trace_holds_the_losss_per_token_divergence_turn_by_turn(setup):
             assert turn["turn_weight"] is None and turn["turn_label"] is None
         assert trace["signal"] == "reverse_kl"
     assert any(d > 0.01 for t in traces for turn in t["turns"] for d in turn["divergence"])  # teacher differs
+    # the teacher's most likely token at each agent position, from the same teacher logits the loss used
+    with torch.no_grad():
+        _, _, _, teacher_logits, _ = algo.distillation_terms(batch, rows, algo.prepare(batch))
+    top = teacher_logits[0, : mask.shape[1]].argmax(-1)
+    first_turn = [int(t) for t, on, k in zip(top.tolist(), mask[0].tolist(), batch.turn_index[0, 1:].tolist())
+                  if on > 0 and k == 0]
+    assert traces[0]["turns"][0]["teacher_top"] == [student.tokenizer.decode([t]) for t in first_turn]
+    assert all(len(turn["teacher_top"]) == len(turn["tokens"]) for t in traces for turn in t["turns"])
+    assert traces[0]["first_prompt"] == clip_text(batch.episodes[0].initial_observation)
     validate_record(make_record(episodes=traces))  # a record holds them as they are
 
 
