@@ -150,6 +150,8 @@ def _is_model(model: Path) -> bool:
 
 def cached_base_model(spec: BaseModelSpec, *, shipped: bool = True) -> Path | None:
     """The spec's model folder if it exists: the shipped one first (``shipped=True``), else a cached build."""
+    if hasattr(spec, "cached"):  # a track's own pair (e.g. `alfworld_pair`): its spec knows its cache
+        return spec.cached()
     if shipped and _is_model(shipped_model_dir(spec)):
         return shipped_model_dir(spec)
     model = base_model_dir(spec) / "model"
@@ -158,6 +160,8 @@ def cached_base_model(spec: BaseModelSpec, *, shipped: bool = True) -> Path | No
 
 def estimated_build_seconds(spec: BaseModelSpec) -> float:
     """A forecast of one build on the 2-core machine (one core), from its width and steps."""
+    if hasattr(spec, "estimated_seconds"):  # a track's own pair
+        return spec.estimated_seconds()
     per_step = BUILD_SECONDS_PER_STEP.get(spec.hidden, BUILD_SECONDS_PER_STEP[64] * (spec.hidden / 64) ** 1.7)
     return BUILD_DATA_SECONDS + spec.steps * per_step
 
@@ -165,6 +169,8 @@ def estimated_build_seconds(spec: BaseModelSpec) -> float:
 def base_label(spec: Any) -> str:
     """How records name a base model: its role, size, training steps and share of episodes with mistakes (the
     cache key is in the folder name)."""
+    if hasattr(spec, "label"):  # a track's own pair names itself
+        return spec.label()
     label = f"household-{spec.name}-{spec.hidden}x{spec.layers}-{spec.steps}steps"
     return label + (f"-mistakes{round(100 * spec.mistake_share)}" if spec.mistake_share else "")
 
@@ -185,6 +191,8 @@ def ensure_base_model(spec: BaseModelSpec, *, progress: bool = True, log: Callab
     """The spec's model folder: the shipped one, a cached build, or a new build into the cache (prints the
     one-time build time). ``shipped=False`` ignores the shipped pair (``base-pair build`` rebuilds it);
     ``progress_file`` receives the steps done, for a parent process that shows the progress of a worker's build."""
+    if hasattr(spec, "ensure"):  # a track's own pair builds (or resumes) by its own recipe
+        return spec.ensure(progress=progress, log=log, progress_file=progress_file)
     cached = cached_base_model(spec, shipped=shipped)
     if cached is not None:
         return cached if cached == shipped_model_dir(spec) else name_model_folder(cached, spec)

@@ -123,11 +123,29 @@ def check_claims(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]
             got = _independent(early, curve_success(records, claim.baseline, None), sign=1.0)
         row = {"claim": claim.text, "source": claim.source, "method": claim.method, "baseline": claim.baseline,
                "measure": claim.measure, "paper_gain": claim.paper_gain}
+        untested = judge_not_tested(records) if "sage_opd" in (claim.method, claim.baseline) else None
+        if untested:
+            row["judge"] = untested
         if got is None:
             rows.append({**row, "verdict": "missing"})
         else:
-            rows.append({**row, **got, "verdict": verdict(got["low"], got["high"], claim.paper_gain)})
+            said = verdict(got["low"], got["high"], claim.paper_gain)
+            rows.append({**row, **got, "verdict": f"{said}; judge not tested" if untested else said})
     return rows
+
+
+def judge_not_tested(records: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why SAGE-OPD's rows do not test its judge, or None: when its runs' judge defaulted more than
+    ``DEFAULTED_WARN_SHARE`` of its verdicts (unreadable answers), its turn weights were errors-only weighting,
+    and a claim about SAGE-OPD must say so rather than present that as the method's result."""
+    from evaluation.records import DEFAULTED_WARN_SHARE
+
+    shares = [float(r["training"]["judge_defaulted_share"]) for r in records
+              if r.get("algorithm") == "sage_opd" and "judge_defaulted_share" in (r.get("training") or {})]
+    if not shares or max(shares) <= DEFAULTED_WARN_SHARE:
+        return None
+    return (f"judge not tested: {max(shares):.0%} of the teacher's verdicts were unreadable and defaulted, so "
+            "SAGE-OPD weighted turns by execution errors only")
 
 
 def _budget(settings: Mapping[str, Any]) -> int | None:
@@ -155,5 +173,6 @@ def format_claims(rows: Sequence[Mapping[str, Any]]) -> str:
             unit = " turns" if row["measure"] == "turns" else ""
             measured = f"{row['diff']:+.3f}{unit} [{row['low']:+.3f}, {row['high']:+.3f}] (n={row['n']})"
         paper = row["source"] + (f" (+{row['paper_gain']:.3f})" if row["paper_gain"] else "")
-        lines.append(f"| {row['claim']} | {paper} | {measured} | {row['verdict']} |")
+        note = f" ({row['judge']})" if row.get("judge") else ""
+        lines.append(f"| {row['claim']} | {paper} | {measured} | {row['verdict']}{note} |")
     return "\n".join(lines)

@@ -21,6 +21,12 @@ HELP = "benchmark every registered algorithm from one warm start with one rollou
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="a ~2-3 minute smoke bench (fewer tasks, steps, seeds)")
+    parser.add_argument("--track", default=None, metavar="NAME",
+                        help="a named preset with its own base pair, env and budget (evaluation.bench.tracks), e.g. "
+                             "smollm2-alfworld: SmolLM2-135M on ALFWorld; other flags override the preset")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep each finished job's outcome under <output-dir>/jobs and skip the jobs an earlier, "
+                             "killed run of the same bench finished (tracks do this by default)")
     parser.add_argument("--algos", action="append", default=None, metavar="A,B",
                         help="run only these registered algorithms (comma list; repeatable). Default: all")
     parser.add_argument("--seeds", default=None, metavar="N|S1,S2",
@@ -121,11 +127,18 @@ def settings_from_args(args: argparse.Namespace):
     changes.update(algo_overrides=per_algo, overrides=list(args.overrides or []), skip_warm_start=args.skip_warm_start,
                    references=not args.no_references,
                    publish=args.publish, progress=not args.no_progress)
+    if getattr(args, "resume", False):
+        changes["resume"] = True
     if changes.get("student") == "household-student":  # the default pair's student, by its short name
         if changes.get("base_models") == "off":
             raise ValueError("--student household-student is the base pair's student; it cannot go with --base-models off")
         changes["student"] = "tiny"  # the base-pair path starts from it (evaluation.bench.uses_base_models)
-    settings = BenchSettings.quick(**changes) if args.quick else BenchSettings.full(**changes)
+    if getattr(args, "track", None):
+        from evaluation.bench.tracks import track_settings
+
+        settings = track_settings(args.track, quick=args.quick, **changes)
+    else:
+        settings = BenchSettings.quick(**changes) if args.quick else BenchSettings.full(**changes)
     if args.budget is not None:
         if args.steps is not None:
             raise ValueError("give --steps or --budget, not both")

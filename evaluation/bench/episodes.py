@@ -101,4 +101,6 @@ def load_frozen_policy(path: str, settings: BenchSettings) -> Any:
     from agentgym_opd.config import load_config
     from agentgym_opd.policy.loading import load_student
 
-    return load_student(path, load_config(None, [f"model.device={settings.device}"]).model, trainable=False)
+    # the runs' precision settings (a track's bf16 autocast) apply to the frozen rows' evaluations too
+    precision = [o for o in settings.overrides if o.split("=", 1)[0] in ("model.autocast", "model.dtype")]
+    return load_student(path, load_config(None, [f"model.device={settings.device}", *precision]).model, trainable=False)

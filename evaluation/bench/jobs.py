@@ -149,6 +149,7 @@ def train_and_evaluate(job: RunJob, context: JobContext) -> tuple[list[dict[str,
         trainer.train()
         train_wall_s = time.perf_counter() - t0
         curve = training_curve(run_dir, settings.episodes_per_step)
+        diagnostics = run_diagnostics(run_dir)
         config = {"algo": algo_config, "bench": {**context.section, "train_wall_time_s": round(train_wall_s, 3)}}
         records, outcomes = [], {}
         curve_env = resolved_curve_env(settings)
@@ -162,6 +163,8 @@ def train_and_evaluate(job: RunJob, context: JobContext) -> tuple[list[dict[str,
                                         teacher=context.labels["teacher"] if job.needs_teacher else None,
                                         algorithm_config=config, seed=job.seed, wall_time_s=wall,
                                         curve=curve if env_id == curve_env else None))
+            if diagnostics:  # e.g. SAGE-OPD's share of unreadable judge verdicts (the claims table reads it)
+                records[-1]["training"] = dict(diagnostics)
         return records, None, outcomes
     except BenchError:
         raise
@@ -169,6 +172,17 @@ def train_and_evaluate(job: RunJob, context: JobContext) -> tuple[list[dict[str,
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
         return [], f"{type(err).__name__}: {err}", {}
+
+
+def run_diagnostics(run_dir: Path) -> dict[str, float]:
+    """The record's ``training`` diagnostics from a run's metrics.jsonl (`evaluation.records.training_diagnostics`)."""
+    import json
+
+    from evaluation.records import training_diagnostics
+
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    return training_diagnostics([json.loads(line) for line in lines if line.strip()])
 
 
 def default_workers(settings: BenchSettings) -> int:
@@ -242,12 +256,15 @@ def _steps_done(job: Any, out: Path) -> int:
         return 0
 
 
-def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callable[[str], None], out: Path) -> list[JobOutcome]:
+def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callable[[str], None], out: Path,
+             store: Any = None) -> list[JobOutcome]:
     """Run the jobs (in ``workers`` processes, or here when 1); their outcomes in job order.
 
     Progress: one bar counting training steps (plus one unit per evaluation-only job), read from each
     running job's metrics.jsonl, and a line per finished job with the time it took and the time left.
     A run's own error is its outcome; anything else a job raises (a broken setup) is re-raised here.
+    ``store`` (a `job_store.JobStore`): each job's outcome is kept as it ends, and a job whose outcome the
+    store already holds (same key) is not run again: a killed bench resumes where it stopped.
     """
     from tqdm import tqdm
 
@@ -269,9 +286,23 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
         eta = f"; {left} job(s) left, ~{left * sum(times) / len(times) / max(workers, 1) / 60:.1f} min" if left else ""
         log(f"{_job_label(jobs[i])} {status} in {outcome.wall_s:.0f}s{eta}")
 
+    if store is not None:
+        kept = finished
+        for i, job in enumerate(jobs):
+            stored = store.load(job)
+            if stored is not None:
+                outcomes[i] = stored
+                log(f"{_job_label(job)}: finished in an earlier run, outcome read back from {store.path(job)}")
+
+        def finished(i: int, outcome: JobOutcome) -> None:  # noqa: F811 (the same, and kept on disk)
+            kept(i, outcome)
+            store.save(jobs[i], outcome)
+    todo = [i for i in range(len(jobs)) if i not in outcomes]
+    bar.update(sum(units[i] for i in outcomes))
     with bar:
         if workers <= 1:
-            for i, job in enumerate(jobs):
+            for i in todo:
+                job = jobs[i]
                 bar.set_description(f"bench {_job_label(job)}")
                 finished(i, run_job(job, context))
                 bar.update(units[i])
@@ -283,7 +314,7 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
             # spawn, not fork: the parent has torch (and maybe Ray, tokenizers) threads that fork would copy mid-state
             with cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                         initializer=_worker_init, initargs=(settings.threads,)) as pool:
-                futures = {pool.submit(run_job, job, quiet): i for i, job in enumerate(jobs)}
+                futures = {pool.submit(run_job, jobs[i], quiet): i for i in todo}
                 pending = set(futures)
                 while pending:
                     done, pending = cf.wait(pending, timeout=2.0, return_when=cf.FIRST_COMPLETED)

@@ -118,7 +118,12 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
     jobs += [RunJob(name, seed, *flags[name]) for name in flags for seed in settings.seeds]
     context = JobContext(settings, env_ids, section, student_path, teacher_path, labels)
     log(f"{len(jobs)} jobs on {min(workers, len(jobs))} worker process(es)")
-    outcomes = run_jobs(jobs, context, workers=min(workers, len(jobs)), log=log, out=out)
+    store = None
+    if settings.resume:
+        from evaluation.bench.job_store import JobStore
+
+        store = JobStore(out / "jobs", context)
+    outcomes = run_jobs(jobs, context, workers=min(workers, len(jobs)), log=log, out=out, store=store)
 
     records: list[dict[str, Any]] = []
     start_success: float | None = None

@@ -22,7 +22,8 @@ def bench_section(settings: BenchSettings, **extra: Any) -> dict[str, Any]:
             "warm_start": {"steps": settings.warm_steps, "lr": settings.warm_lr,
                            "context_fraction": settings.warm_context_fraction, "skipped": settings.skip_warm_start},
             "eval_episodes": settings.eval_episodes, "eval_seed": settings.eval_seed,
-            "max_turns": settings.max_turns, "max_new_tokens": settings.max_new_tokens, **extra}
+            "max_turns": settings.max_turns, "max_new_tokens": settings.max_new_tokens,
+            **({"track": settings.track} if settings.track else {}), **extra}
 
 
 def build_record(env_id: str, episodes: list[Any], *, algorithm: str, student: str, teacher: str | None,

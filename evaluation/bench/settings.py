@@ -92,6 +92,9 @@ class BenchSettings:
     output_dir: str = "runs/bench"
     publish: bool = False
     progress: bool = True
+    # a named preset of `evaluation.bench.tracks` (e.g. "smollm2-alfworld"): its own base pair, env and budget
+    track: str | None = None
+    resume: bool = False  # keep each finished job's outcome (<out>/jobs) and skip jobs a killed run finished
 
     @classmethod
     def quick(cls, **changes: Any) -> "BenchSettings":
@@ -126,7 +129,7 @@ class BenchSettings:
 
     def base_env_args(self) -> dict[str, Any]:
         """The env options the base pair was trained with (its status line), for every env the bench makes."""
-        if not uses_base_models(self):
+        if not uses_base_models(self) or self.track:  # a track's pair needs no env options of its own
             return {}
         from evaluation.bench.base_models import base_env_args
 
@@ -137,10 +140,14 @@ class BenchSettings:
         return self.steps * self.episodes_per_step
 
     def base_specs(self) -> tuple[Any, Any]:
-        """The (student, teacher) base model specs this bench uses."""
+        """The (student, teacher) base model specs this bench uses (a track's own pair when ``track`` is set)."""
         from evaluation.bench.base_models import STUDENT_SPEC, TEACHER_SPEC
 
         student, teacher = STUDENT_SPEC, TEACHER_SPEC
+        if self.track:
+            from evaluation.bench.tracks import get_track
+
+            student, teacher = get_track(self.track).student, get_track(self.track).teacher
         if self.base_steps is not None:  # the pair's shape kept: the student's schedule, the teacher's ratio
             scale = self.base_steps / student.steps
             student, teacher = scaled_steps(student, scale), scaled_steps(teacher, scale)
@@ -178,6 +185,8 @@ def uses_base_models(settings: BenchSettings) -> bool:
     """Whether the bench starts from the household base pair (see BenchSettings.base_models)."""
     if settings.base_models not in ("auto", "off"):
         raise BenchError(f"base_models must be 'auto' or 'off', got {settings.base_models!r}")
+    if settings.track:  # a track starts from its own pair
+        return settings.base_models == "auto" and not settings.skip_warm_start
     return (settings.base_models == "auto" and settings.env.startswith("household/") and settings.student == "tiny"
             and not settings.skip_warm_start)
 
@@ -240,12 +249,17 @@ def estimate_seconds(settings: BenchSettings, algos: list[str], n_eval_envs: int
     sft_runs = [settings.warm_steps * warm, settings.teacher_steps * teacher]
     sft_steps = 0 if base else (max(sft_runs) if workers > 1 else sum(sft_runs))
     per_episode = SECONDS_PER_EVAL_EPISODE_BASE if base else SECONDS_PER_EVAL_EPISODE
+    per_rollout = SECONDS_PER_ROLLOUT_EPISODE_BASE if base else SECONDS_PER_ROLLOUT_EPISODE
+    if settings.track:  # a real LM's episodes cost what the track measured
+        from evaluation.bench.tracks import get_track
+
+        per_episode, per_rollout = get_track(settings.track).episode_seconds
     train_tasks = min(settings.resolved_env_args().get("num_tasks", settings.train_eval_episodes),
                       settings.train_eval_episodes)
     curve = settings.curve_episodes if base else train_tasks
     held_out = (n_eval_envs - 1) * settings.eval_episodes
     per_run_eval = (settings.eval_points * curve + train_tasks + held_out) * per_episode
-    per_run_train = settings.budget * (SECONDS_PER_ROLLOUT_EPISODE_BASE if base else SECONDS_PER_ROLLOUT_EPISODE)
+    per_run_train = settings.budget * per_rollout
     runs = len(algos) * len(settings.seeds)
     n_references = ((2 if base else 1) + teacher) if settings.references else 0
     references = n_references * (train_tasks + held_out * len(settings.seeds)) * per_episode

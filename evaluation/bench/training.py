@@ -84,7 +84,8 @@ def run_overrides(settings: BenchSettings, name: str, *, seed: int, run_dir: Pat
         if not teacher:
             raise BenchError(f"{name} needs a teacher and none was trained or given (--teacher PATH)")
         overrides.append(f"model.teacher={teacher}")
-    tuned = TUNED_OVERRIDES.get(name, []) if uses_base_models(settings) else []
+    # swept for the household pair; a track sets its own values in its overrides
+    tuned = TUNED_OVERRIDES.get(name, []) if uses_base_models(settings) and not settings.track else []
     return overrides + list(settings.overrides) + tuned + list(settings.algo_overrides.get(name, []))
 
 

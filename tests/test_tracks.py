@@ -1,0 +1,167 @@
+"""`agentgym-opd bench --track NAME`: the smollm2-alfworld preset, the job store that makes a killed track resume,
+the claims table's "judge not tested", and the whole track end to end on the tiny model (a toy-size preset)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import evaluation.bench.alfworld_pair as ap
+import evaluation.bench.jobs as jobs_module
+from evaluation.bench.claims import check_claims, format_claims
+from evaluation.bench.command import add_arguments, settings_from_args
+from evaluation.bench.job_store import JobStore
+from evaluation.bench.jobs import BaseModelJob, JobContext, JobOutcome, ReferenceJob, RunJob
+from evaluation.bench.settings import BenchError, BenchSettings, evaluation_envs, uses_base_models
+from evaluation.bench.tracks import TRACKS, get_track, register_track, tiny_alfworld_track, track_settings
+
+from conftest import SHARED_DATA as DATA_ROOT
+
+
+@pytest.fixture(autouse=True)
+def data_root(monkeypatch):
+    monkeypatch.setenv("AGENTGYM_OPD_DATA", str(DATA_ROOT))
+
+
+def parse(*argv: str):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return settings_from_args(parser.parse_args(list(argv)))
+
+
+def test_the_smollm2_alfworld_preset(monkeypatch, tmp_path):
+    monkeypatch.setattr(ap, "cache_root", lambda: tmp_path)
+    settings = parse("--track", "smollm2-alfworld")
+    assert settings.track == "smollm2-alfworld" and uses_base_models(settings) and settings.resume
+    assert settings.env == "alfworld/train" and settings.student == "smollm2"
+    assert evaluation_envs(settings) == ["alfworld/train", "alfworld/valid_seen", "alfworld/valid_unseen"]
+    assert settings.eval_episodes >= 140  # every game of both held-out splits
+    assert settings.algos == ["sft", "opd", "sage_opd", "opsd", "grpo"]
+    assert "model.autocast=bfloat16" in settings.overrides
+    student, teacher = settings.base_specs()
+    assert student is ap.STUDENT_SPEC and teacher is ap.TEACHER_SPEC
+    assert settings.base_env_args() == {}  # no household status line on ALFWorld
+    assert settings.resolved_env_args() == {"demonstrations": str(ap.games_path(student))}
+    # flags override the preset; the preset's overrides stay
+    settings = parse("--track", "smollm2-alfworld", "--algos", "opd,vpd", "--steps", "3", "--eval-env",
+                     "alfworld/valid_unseen", "train.lr=1e-5")
+    assert settings.algos == ["opd", "vpd"] and settings.steps == 3
+    assert evaluation_envs(settings) == ["alfworld/train", "alfworld/valid_unseen"]
+    assert settings.overrides[-1] == "train.lr=1e-5" and "model.autocast=bfloat16" in settings.overrides
+
+
+def test_an_unknown_track_is_a_setup_error_naming_the_tracks():
+    with pytest.raises(BenchError, match="smollm2-alfworld"):
+        get_track("smollm3-webshop")
+
+
+def test_the_household_bench_is_unchanged_without_a_track():
+    settings = parse("--quick")
+    assert settings.track is None and not settings.resume
+    assert settings.base_specs()[0].name == "student" and settings.base_env_args().get("status_line")
+
+
+def _context(settings: BenchSettings) -> JobContext:
+    return JobContext(settings, ["alfworld/train", "alfworld/valid_unseen"], {}, "/s", "/t", {"student": "s"})
+
+
+def test_the_job_store_keeps_outcomes_by_what_they_depend_on(tmp_path):
+    settings = BenchSettings(env="alfworld/train", seeds=[0])
+    job = RunJob("opd", 0, True, False)
+    outcome = JobOutcome("opd", 0, records=[{"algorithm": "opd"}],
+                         outcomes={"alfworld/valid_unseen": {(0, "game/a"): 1.0, (0, "game/b"): 0.0}},
+                         messages=["m"], wall_s=3.0)
+    store = JobStore(tmp_path, _context(settings))
+    assert store.load(job) is None
+    store.save(job, outcome)
+    assert store.load(job) == outcome
+    # what only changes how the bench runs does not matter; what changes a result does
+    assert JobStore(tmp_path, _context(BenchSettings(env="alfworld/train", seeds=[0], jobs=4, progress=False))).load(job) == outcome
+    assert JobStore(tmp_path, _context(BenchSettings(env="alfworld/train", seeds=[0], steps=17))).load(job) is None
+    assert store.load(RunJob("opd", 1, True, False)) is None
+    # a failed job is not kept: a rerun tries it again
+    failed = RunJob("grpo", 0, False, True)
+    store.save(failed, JobOutcome("grpo", 0, error="boom"))
+    assert store.load(failed) is None
+    # a half-written file (a kill mid-write) is never read as an outcome
+    store.path(failed).write_text('{"key": "', encoding="utf-8")
+    assert store.load(failed) is None
+    assert store.path(ReferenceJob("warm_start+context", "/s", "s", context=True)).name == \
+        "ReferenceJob-warm_start_plus_context.json"
+
+
+def test_claims_say_the_judge_was_not_tested_when_its_verdicts_were_unreadable():
+    summary = {"paired": [{"env_id": "e", "algorithm": "sage_opd", "baseline": "opd", "mean": 0.01, "low": -0.05,
+                           "high": 0.2, "n": 134}]}
+    unread = [{"algorithm": "sage_opd", "training": {"judge_defaulted_share": 0.95}}]
+    rows = check_claims(summary, unread, env_id="e")
+    row = next(r for r in rows if r["method"] == "sage_opd" and r["measure"] == "success")
+    assert row["verdict"] == "inconclusive at this power; judge not tested" and "95%" in row["judge"]
+    assert "judge not tested" in format_claims(rows)
+    read = [{"algorithm": "sage_opd", "training": {"judge_defaulted_share": 0.05}}]
+    row = next(r for r in check_claims(summary, read, env_id="e") if r["method"] == "sage_opd")
+    assert row["verdict"] == "inconclusive at this power" and "judge" not in row
+    vpd = next(r for r in check_claims(summary, unread, env_id="e") if r["method"] == "vpd")
+    assert "judge" not in vpd
+
+
+@pytest.mark.slow
+def test_the_tiny_track_runs_end_to_end_and_a_killed_track_resumes(monkeypatch, tmp_path):
+    """A toy-size track on the tiny model: the pair builds, the reference rows and OPD run, records and claims come
+    out; killed after two jobs, the same command resumes, reading back those two and running only the rest."""
+    from evaluation.bench.pipeline import run_bench
+
+    monkeypatch.setattr(ap, "cache_root", lambda: tmp_path / "cache")
+    register_track(tiny_alfworld_track("tiny-alfworld-test"))
+    monkeypatch.setitem(TRACKS, "tiny-alfworld-test", TRACKS["tiny-alfworld-test"])
+    settings = track_settings("tiny-alfworld-test", output_dir=str(tmp_path / "out"), jobs=1, progress=False)
+    assert settings.resume and settings.algos == ["opd"]
+
+    real_run_job = jobs_module.run_job
+    ran: list[str] = []
+
+    class Killed(BaseException):
+        """Stands for the process being killed (not an Exception: nothing may catch it)."""
+
+    def killed_after_two(job, context):  # the pair's builds are cached by the pair itself, not counted
+        if not isinstance(job, BaseModelJob):
+            if len(ran) == 2:
+                raise Killed()
+            ran.append(job.name)
+        return real_run_job(job, context)
+
+    monkeypatch.setattr(jobs_module, "run_job", killed_after_two)
+    with pytest.raises(Killed):
+        run_bench(settings, log=lambda line: None)
+    kept = sorted(p.name for p in (tmp_path / "out" / "jobs").glob("*.json"))
+    assert len(kept) == 2
+
+    ran.clear()
+    lines: list[str] = []
+
+    def counted(job, context):
+        if not isinstance(job, BaseModelJob):
+            ran.append(job.name)
+        return real_run_job(job, context)
+
+    monkeypatch.setattr(jobs_module, "run_job", counted)
+    summary = run_bench(settings, log=lines.append)
+    assert ran == ["teacher", "opd"]  # warm_start and warm_start+context were read back, not rerun
+    assert sum("finished in an earlier run" in line for line in lines) == 2
+    assert not summary["failures"], summary["failures"]
+    rows = {(r["algorithm"], r["env_id"]) for r in summary["rows"]}
+    assert {("warm_start", "alfworld/valid_unseen"), ("teacher", "alfworld/valid_unseen"),
+            ("opd", "alfworld/valid_unseen"), ("warm_start+context", "alfworld/valid_seen")} <= rows
+    records = [json.loads(p.read_text()) for p in (tmp_path / "out" / "records").glob("*.json")]
+    assert any(r["student"].startswith("tiny-alfworld-student") for r in records)
+    assert all(r["algorithm_config"]["bench"]["track"] == "tiny-alfworld-test" for r in records
+               if r["algorithm"] == "opd")
+    assert (tmp_path / "out" / "claims.md").is_file()
+    # a third run redoes nothing but the (cheap) tables
+    ran.clear()
+    run_bench(settings, log=lambda line: None)
+    assert ran == []
