@@ -36,12 +36,21 @@ def test_smollm2_generates_a_sensible_answer(smol):
 
 @pytest.mark.slow
 def test_smollm2_real_episode_scores_line_up(smol):
-    engine = RolloutEngine(smol, SamplingParams(max_new_tokens=10, temperature=0.7, seed=0),
+    params = SamplingParams(max_new_tokens=10, temperature=0.7, seed=0)
+    engine = RolloutEngine(smol, params,
                            system_prompt="You control a household robot. Reply with one command, e.g. go to countertop 1.")
     ep = engine.collect("household/train", reset_seeds=[0], max_turns=2).episodes[0]
     assert ep.num_turns == 2
     ids = ep.input_ids
-    scores = smol.score([ids[:1]], [ids[1:]])[0].logprobs
     mask = torch.tensor(ep.loss_mask[1:], dtype=torch.bool)
     flat = torch.tensor([lp for t in ep.turns for lp in t.logprobs])
-    torch.testing.assert_close(scores[mask], flat, atol=2e-3, rtol=0)
+    # the behaviour log-probs are of the distribution sampled from: softmax(logits / T) at T = 0.7
+    temperature = smol.logprob_temperature(params)
+    assert temperature == 0.7
+    with torch.no_grad():
+        logits = smol.model(torch.tensor([ids], device=smol.model.device)).logits[0, :-1].float().cpu()
+    tempered = torch.log_softmax(logits / temperature, dim=-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    torch.testing.assert_close(tempered[mask], flat, atol=2e-3, rtol=0)
+    # score() stays the model's own distribution (temperature 1), which differs
+    scores = smol.score([ids[:1]], [ids[1:]])[0].logprobs
+    assert not torch.allclose(scores[mask], flat, atol=2e-3)
