@@ -365,7 +365,8 @@ class ExpertRun:
     task_type: str
     actions: list[str]
     success: bool
-    stopped: str  # "won", "turn limit", "gave up" (nothing left to search) or "invalid command"
+    # "won", "turn limit", "gave up" (nothing left to search) or "invalid command" (it would repeat a refused one)
+    stopped: str
 
 
 def play(env: Any, task_id: str, *, prior: LocationPrior = UNIFORM_PRIOR, max_turns: int | None = None) -> ExpertRun:

@@ -276,7 +276,7 @@ def training_examples(policy: Any, spec: AlfworldPairSpec, games: list[Any], *, 
     from evaluation.bench.base_data import choose_kind, context_plan, scripted_example
 
     usable = [g for g in games if g.privileged.get("demonstration")]
-    replay = ReplayEnv(usable, max_turns=spec.max_turns + 20)
+    replay = ReplayEnv(usable, max_turns=spec.max_turns)
     rng = random.Random(f"alfworld-pair-data/{spec.seed}")
     mistake_rng = random.Random(f"alfworld-pair-mistakes/{spec.seed}")
     counts = {"games": len(games), "expert_failed": len(games) - len(usable), "too_long": 0, "too_many_tokens": 0}
