@@ -58,6 +58,7 @@ def test_logic_files_ship_in_the_wheel():
     assert files["grammar"].stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_expert_walkthrough_succeeds_on_a_seeded_sample(env):
     rng = random.Random(0)
     sample = []
@@ -96,6 +97,7 @@ def test_bad_actions_become_step_errors_and_the_episode_continues(env):
     assert info["success"]
 
 
+@pytest.mark.slow
 def test_check_env_passes():
     check_env(make("alfworld/valid_unseen-look_at_obj_in_light", data_root=DATA_ROOT), skip_render_check=True)
 

@@ -95,6 +95,7 @@ def _sequence_logprob(policy, batch):
     return (logp * mask).sum(dim=1)
 
 
+@pytest.mark.slow
 def test_grpo_update_moves_the_policy_towards_the_rewarded_rollout(grpo_setup):
     policy, batch = grpo_setup
     batch.rewards = torch.tensor([1.0, 0.0])  # rollout 0 "succeeded": positive advantage, rollout 1 negative

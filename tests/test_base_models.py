@@ -100,6 +100,7 @@ def test_mistakes_are_rejected_by_the_env_and_masked_out_of_the_loss():
         assert trained == [tokens.tokenizer.decode([t for t, m in zip(plain_ids, plain_mask) if m])]
 
 
+@pytest.mark.slow
 def test_student_histories_are_masked_and_the_expert_takes_over_where_the_student_left(tmp_path, monkeypatch):
     """history_share: the episode opens with a student's own sampled turns (masked out of the loss) and goes on
     with the observable expert's continuation from that state, which solves the task."""
@@ -134,6 +135,7 @@ def test_student_histories_are_masked_and_the_expert_takes_over_where_the_studen
     assert any(sum(m) < sum(p) or len(ids) > len(p_ids) for (ids, m), (p_ids, p) in zip(examples, plain))
 
 
+@pytest.mark.slow
 def test_build_is_deterministic_and_cached(tmp_path, monkeypatch):
     import torch
     from safetensors.torch import load_file

@@ -35,6 +35,7 @@ def test_short_names_resolve_to_the_shipped_pair_and_records_name_it_as_the_benc
     assert model_name("household-teacher") == base_label(TEACHER_SPEC)
 
 
+@pytest.mark.slow
 def test_a_shipped_model_is_used_and_nothing_is_built(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTGYM_OPD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(base_models, "SHIPPED_PAIR_DIR", tmp_path / "shipped")
@@ -60,6 +61,7 @@ def _check_args(**changes):
                                  "no_progress": True, **changes})
 
 
+@pytest.mark.slow
 def test_check_says_identical_for_a_bit_identical_rebuild_and_compares_by_evaluation_otherwise(tmp_path, monkeypatch, capsys):
     import torch
     from safetensors.torch import load_file, save_file

@@ -56,6 +56,7 @@ def test_paired_rounds_reports_every_mode_against_the_baseline():
     assert q1 <= median <= q3 and median > 0  # ten times the work takes longer, however noisy the machine
 
 
+@pytest.mark.slow
 def test_instruction_counts_come_from_valgrind():
     per_step = bench_envs_instructions.count("bench_tooluse", episodes=4)
     assert set(per_step) == {"wrapped", "raw", "floor"}

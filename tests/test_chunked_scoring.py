@@ -50,6 +50,7 @@ def _inputs(policy, batch):
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.divergence}-m{c.top_m}-{c.top_m_support}-{c.estimator}")
+@pytest.mark.slow
 def test_chunked_terms_and_gradient_equal_the_full_logit_computation(rollout, teacher, config):
     policy, batch = rollout
     rows, inputs, width = _inputs(policy, batch)
@@ -76,6 +77,7 @@ def test_chunked_terms_and_gradient_equal_the_full_logit_computation(rollout, te
     policy.model.zero_grad()
 
 
+@pytest.mark.slow
 def test_scoring_only_teacher_ships_the_same_topm_and_token_logprobs(rollout, teacher):
     """`Policy.score` in the student's coordinates = the top-M and token log-probs of the full teacher logits."""
     policy, batch = rollout
@@ -181,6 +183,7 @@ class ScoringOnlyTeacher:
 
 @pytest.mark.parametrize("algo", [{"top_m": 8, "top_m_support": "teacher"}, {"estimator": "sampled"}],
                          ids=["topm-teacher-support", "sampled"])
+@pytest.mark.slow
 def test_opd_against_a_scoring_only_teacher_equals_the_in_process_teacher(rollout, teacher, algo):
     policy, batch = rollout
     served = OPD(algo, policy, ScoringOnlyTeacher(teacher))
@@ -193,6 +196,7 @@ def test_opd_against_a_scoring_only_teacher_equals_the_in_process_teacher(rollou
     policy.model.zero_grad()
 
 
+@pytest.mark.slow
 def test_sage_opd_weighs_turns_by_a_served_teachers_confidence(rollout, teacher):
     """SAGE-OPD's c_t from a scoring-only teacher (its top-1 log-prob) equals the in-process teacher's."""
     from algorithms.sage_opd import SAGEOPD

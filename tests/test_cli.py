@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import json
 import subprocess
 import sys
@@ -47,6 +48,7 @@ def test_unknown_env_id_suggests_close_matches(tmp_path):
     assert out.returncode == 2 and "household/valid_unseen" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_algos_lists_every_method_as_a_table_and_as_json(tmp_path):
     out = cli("algos", "--json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -56,6 +58,7 @@ def test_algos_lists_every_method_as_a_table_and_as_json(tmp_path):
     assert any(line.startswith("opd ") for line in cli("algorithms", cwd=tmp_path).stdout.splitlines())
 
 
+@pytest.mark.slow
 def test_play_takes_env_options_as_env_arg_like_train_and_eval(tmp_path):
     # status_line=true restates the task after every step: visible right after the first action
     out = cli("play", "household/train", "--seed", "1", "--env-arg", "status_line=true", stdin="look\nquit\n", cwd=tmp_path)
@@ -82,6 +85,7 @@ def _wait_for(stream, text: str, limit_s: float = 120.0) -> str:
     return seen
 
 
+@pytest.mark.slow
 def test_a_reader_that_leaves_the_pipe_ends_the_listing_quietly(tmp_path):
     # `agentgym-opd envs | head -1`: head closes the pipe; the listing must not end in a BrokenPipe traceback
     for args in (["envs"], ["envs", "--json"], ["algos"]):
@@ -117,6 +121,7 @@ def interrupt_on_third_reply(text: str, finish_reason: str):
 _REPLIES = {"n": 0}
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_eval_keeps_the_finished_episodes_and_says_where(tmp_path, capsys):
     from agentgym_opd.cli import main
     from evaluation.records import validate_record

@@ -160,6 +160,7 @@ def test_shared_vocabulary_is_the_whole_vocabulary_for_one_tokenizer_and_a_subse
 # ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_aligned_teacher_logprobs_equal_the_teachers_own_logprob_of_every_span(sampled, smol_teacher):
     """The alignment's span sums (the production index, summed in float64: a float32 sum of 16 log-probs near
     -11 is only resolved to 1.5e-5) against the teacher scoring each span's tokens after its own prefix."""
@@ -271,6 +272,7 @@ def test_the_same_tokenizer_path_is_the_unchanged_distillation_loss():
     assert float(ours[0]) == float(base[0]) and ours[1] == base[1]
 
 
+@pytest.mark.slow
 def test_opd_with_another_tokenizer_says_so_and_trains_on_merged_spans(sampled, smol_teacher, capsys):
     _, batch = sampled
     student = HFPolicy.from_pretrained(default_tiny_model())

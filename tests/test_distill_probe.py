@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.policy.hf import HFPolicy
 from agentgym_opd.policy.tiny import default_tiny_model
@@ -18,6 +20,7 @@ def _pair():
     return HFPolicy.from_pretrained(default_tiny_model()), perturbed_tiny_teacher(0.05)
 
 
+@pytest.mark.slow
 def test_a_model_is_at_zero_divergence_from_itself():
     student, _ = _pair()
     envs = [make("household/train", max_turns=2) for _ in range(2)]
@@ -27,6 +30,7 @@ def test_a_model_is_at_zero_divergence_from_itself():
     assert abs(kl) < 1e-6 and agree == 1.0
 
 
+@pytest.mark.slow
 def test_opd_loss_is_the_probes_kl_and_opd_steps_lower_it():
     student, teacher = _pair()
     rows = probe(student, teacher, lr=3e-3, steps=3, tasks=2, max_turns=2)

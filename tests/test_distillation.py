@@ -29,6 +29,7 @@ def rollout():
     return policy, batch
 
 
+@pytest.mark.slow
 def test_teacher_sequence_holds_the_students_tokens_of_every_turn_after_its_context(rollout):
     policy, batch = rollout
     rows = slice(0, len(batch))
@@ -76,6 +77,7 @@ def test_a_teacher_identical_to_the_student_gives_zero_kl_and_zero_gradient_sign
     assert abs(float(loss)) < 1e-5 and metrics["kl"] < 1e-5 and state.metrics["masked_fraction"] == 0.0
 
 
+@pytest.mark.slow
 def test_opsd_self_teacher_with_privileged_context_differs_and_its_loss_trains(rollout):
     policy, batch = rollout
     state = {k: v.clone() for k, v in policy.model.state_dict().items()}
@@ -89,6 +91,7 @@ def test_opsd_self_teacher_with_privileged_context_differs_and_its_loss_trains(r
     assert second["kl"] < first["kl"]  # the student moves towards the frozen self-teacher
 
 
+@pytest.mark.slow
 def test_topm_and_sampled_estimators_run_on_the_same_view(rollout):
     policy, batch = rollout
     full = OPSD({}, policy).loss(batch)[0]

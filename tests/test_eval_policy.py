@@ -50,6 +50,7 @@ def sft_run(tmp_path_factory):
                   "rollout.system_prompt=Act now.")
 
 
+@pytest.mark.slow
 def test_tiny_model_record_is_valid_and_uses_the_trainer_prompt():
     (record,) = evaluate_policy(ENV, "tiny", **FAST)
     assert validate_record(record) is record
@@ -61,6 +62,7 @@ def test_tiny_model_record_is_valid_and_uses_the_trainer_prompt():
     assert record["protocol"]["temperature"] == 0.0 and record["protocol"]["samples"] == 1
 
 
+@pytest.mark.slow
 def test_episodes_are_batched_reproducible_and_independent_of_chunking():
     policy = load_policy(resolve_policy("tiny"), device="cpu")
     tasks = make(ENV).task_ids()[:2]
@@ -78,6 +80,7 @@ def test_episodes_are_batched_reproducible_and_independent_of_chunking():
     assert [e.input_ids for e in wide] != [e.input_ids for e in other]
 
 
+@pytest.mark.slow
 def test_same_seeds_give_the_same_numbers_and_samples_give_pass_at_k():
     sampled = dict(FAST, episodes=1, samples=3, temperature=1.0, action_parser=FIRST_LINE)
     first = evaluate_policy(ENV, "tiny", seeds=[0, 1], **sampled)
@@ -90,6 +93,7 @@ def test_same_seeds_give_the_same_numbers_and_samples_give_pass_at_k():
         evaluate_policy(ENV, "tiny", **dict(FAST, samples=2))
 
 
+@pytest.mark.slow
 def test_checkpoint_and_run_folder_load_the_trained_weights_and_name_the_algorithm(sft_run):
     step = sft_run.checkpoint_dir()
     assert step.name == "step_2"
@@ -121,6 +125,7 @@ def test_lora_checkpoint_loads_base_plus_adapter(tmp_path):
     torch.testing.assert_close(loaded_logits, trained_logits, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_cli_writes_one_record_per_seed_that_the_leaderboard_groups(tmp_path, capsys):
     out = tmp_path / "rec.json"
     rc = cli_main(["eval", "--policy", "tiny", "--env", ENV, "--episodes", "2", "--max-new-tokens", "8",

@@ -44,6 +44,7 @@ def test_task_selection_is_stable_and_spread():
         select_tasks(ids, 0)
 
 
+@pytest.mark.slow
 def test_eval_cli_record_goes_onto_the_leaderboard(tmp_path):
     out = tmp_path / "rec.json"
     proc = subprocess.run([sys.executable, "-m", "agentgym_opd.cli", "eval", "--policy", "walkthrough", "--env",

@@ -51,6 +51,7 @@ def test_add_dedup_get_delete_and_persist(tmp_path):
         assert bank.index.size == 5
 
 
+@pytest.mark.slow
 def test_retrieval_recall_on_planted_paraphrases(minilm, tmp_path):
     """Plant tasks, query with paraphrases the bank never saw; the real model must find the right one."""
     planted = [

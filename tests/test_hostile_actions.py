@@ -159,6 +159,7 @@ class AlwaysFailingEnv(CounterEnv):
         raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
 
 
+@pytest.mark.slow
 def test_rollout_engine_keeps_the_other_episodes_when_one_env_raises():
     """The rollout engine steps through `VectorTextEnv`: a raising env ends its episode as env_crash."""
     from agentgym_opd.policy.base import SamplingParams

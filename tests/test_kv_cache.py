@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.cache_utils import DynamicLayer
@@ -58,6 +59,7 @@ def test_gqa_attention_without_copies_equals_stock_sdpa_forward_and_backward():
     assert torch.allclose(outs[0][1], outs[1][1], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_session_on_the_slab_cache_samples_what_a_whole_sequence_forward_samples():
     """Many turns of one session (the cache grows past its first room) equal fresh generation each turn."""
     from transformers import AutoTokenizer

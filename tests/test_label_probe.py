@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agentgym_opd.policy.hf import HFPolicy
 from agentgym_opd.policy.tiny import default_tiny_model
 from probe_scripts import import_probe
@@ -11,6 +13,7 @@ label_probe = import_probe("label_probe")
 CLASSES, probe = label_probe.CLASSES, label_probe.probe
 
 
+@pytest.mark.slow
 def test_a_greedy_student_is_its_own_teachers_every_label():
     """Asked from the exact token prefix of each turn, a greedy student's own model says what it said: every
     label equals the action, and the env rejects the labels exactly where it rejected the actions (the replay
@@ -24,6 +27,7 @@ def test_a_greedy_student_is_its_own_teachers_every_label():
             assert r["same"] == 1.0 and r["teacher_rejected"] == r["student_rejected"]
 
 
+@pytest.mark.slow
 def test_another_teacher_disagrees_somewhere():
     student = HFPolicy.from_pretrained(default_tiny_model())
     rows = probe(student, perturbed_tiny_teacher(0.5), tasks=3, temperature=1.0, max_turns=4)

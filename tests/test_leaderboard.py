@@ -103,6 +103,7 @@ def test_tables_aggregate_seeds_and_mark_the_best(tmp_path):
     assert csv_text[0].startswith("env_family,env_id,split,algorithm") and len(csv_text) == 4
 
 
+@pytest.mark.slow
 def test_cli_add_and_build(tmp_path):
     rec = tmp_path / "r.json"
     rec.write_text(json.dumps(make_record("sdpo", 3, 0.55)))

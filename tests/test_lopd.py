@@ -32,6 +32,7 @@ def setup(tmp_path_factory):
     return policy, batch, algo
 
 
+@pytest.mark.slow
 def test_composer_emits_j_by_k_latents_of_embedding_width_and_gradients_reach_lora_and_queries(setup):
     policy, batch, algo = setup
     latents = algo.composer(batch.episodes[0].task.instruction, ["exp one > go", "exp two > take"])
@@ -134,6 +135,7 @@ def test_dual_update_matches_hand_computation(setup):
     assert algo.beta == pytest.approx(max(0.0, 0.3 + algo.config.dual_lr * (algo.config.margin_value - 0.15)))
 
 
+@pytest.mark.slow
 def test_one_real_update_moves_student_and_composer(setup):
     policy, batch, algo = setup
     for ep in batch.episodes[:1]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.policy.hf import HFPolicy
 from agentgym_opd.policy.tiny import default_tiny_model
@@ -25,6 +27,7 @@ def _first_actions(policy, tasks):
     return [e.turns[0].action for e in engine.collect(envs, tasks, seed=5).episodes]
 
 
+@pytest.mark.slow
 def test_rate_zero_is_the_model_itself_and_rate_one_changes_every_action_with_a_number():
     policy = HFPolicy.from_pretrained(default_tiny_model())
     tasks = make("household/train").task_ids()[:12]

@@ -97,6 +97,7 @@ def routes_of(batch) -> tuple[RoutingRule, list[str]]:
     return rule, [rule.teacher_for(e.task) for e in batch.episodes]
 
 
+@pytest.mark.slow
 def test_the_routed_loss_is_each_groups_loss_under_its_own_teacher(rollout):
     student, batch = rollout
     rule, names = routes_of(batch)

@@ -13,6 +13,7 @@ from probe_scripts import import_probe
 oracle_examples = import_probe("oracle_probe").oracle_examples
 
 
+@pytest.mark.slow
 def test_first_labels_are_the_experts_one_action_at_the_students_state():
     """`first` keeps exactly the first action the expert takes after the student's turns (the same rows as
     `continuation`, whose later turns stay in the loss); `demonstration` is the expert's episode, all in the loss."""

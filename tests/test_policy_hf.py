@@ -47,6 +47,7 @@ def test_tiny_model_saves_and_reloads_by_path(tmp_path):
     assert torch.equal(sa, sb)
 
 
+@pytest.mark.slow
 def test_generate_logprobs_equal_score_of_same_tokens(policy):
     """In ``raw`` mode (temperature-1 log-probs whatever the sampling temperature; the default ``tempered``
     mode is checked against a forward at the rollout's temperature in test_method_temperature.py)."""

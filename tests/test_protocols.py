@@ -112,6 +112,7 @@ def test_gold_calls_in_model_shapes_pass_acebench(shared_data):
     ("scienceworld/find-living-thing", {"split": "dev", "max_tasks": 1}),
     ("textworld_express/coin", {"split": "dev"}),
 ])
+@pytest.mark.slow
 def test_gold_commands_in_model_shapes_solve_the_simulated_worlds(env_id, kwargs, shared_data):
     if kwargs == "alfworld":
         kwargs = {"data_root": str(shared_data)}
@@ -153,6 +154,7 @@ RECIPE_ENV_ARGS = {"alfworld": "data", "code": "data", "searchqa": "data", "scie
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+@pytest.mark.slow
 def test_each_recipe_names_its_parser_and_prompt_and_its_envs_gold_scores_through_them(recipe, shared_data):
     rollout = read_mapping(recipe)["rollout"]
     assert "action_parser" in rollout and "system_prompt" in rollout, f"{recipe.name} must name its parser and prompt"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agentgym_opd.policy.tiny import default_tiny_model
 from evaluation.bench.episodes import eval_env_args, eval_task_ids, evaluate_policy, load_frozen_policy
 from evaluation.bench.reference_rows import main, reference_rows
@@ -10,6 +12,7 @@ from evaluation.bench.settings import BenchSettings
 SPLIT = "household/valid_unseen"
 
 
+@pytest.mark.slow
 def test_rows_cover_each_seeds_own_tasks_and_match_the_benchs_evaluation(capsys):
     settings = BenchSettings.full(base_models="auto", seeds=[0, 1], eval_episodes=2, max_turns=3)
     model = str(default_tiny_model())

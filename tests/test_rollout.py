@@ -83,6 +83,7 @@ def test_incremental_sequence_decodes_to_the_chat_template_of_the_history(policy
         assert tok.decode(ep.input_ids) == expected
 
 
+@pytest.mark.slow
 def test_same_seed_same_tokens_other_seed_differs(policy, batch):
     engine = RolloutEngine(policy, SamplingParams(max_new_tokens=12, seed=0), max_context_tokens=4096,
                            system_prompt="Act in the house. One action per turn.", action_parser=any_text)

@@ -36,6 +36,7 @@ def _collect(engine, n: int, seed: int, max_turns: int = 4):
     return engine.collect(envs, tasks, seed=seed)
 
 
+@pytest.mark.slow
 def test_greedy_plays_the_same_actions_as_todays_engine(policy):
     """Same household episodes, greedy: same actions, same token ids, behaviour log-probs within 1e-4."""
     sampling = SamplingParams(max_new_tokens=10, temperature=0.0)

@@ -149,6 +149,7 @@ def setup():
     return student, teacher, batch
 
 
+@pytest.mark.slow
 def test_error_turns_are_strong_without_asking_and_the_rest_go_to_one_judge_call(setup):
     _, teacher, batch = setup
     spy = CountingTeacher(teacher)
@@ -262,6 +263,7 @@ def test_a_judge_that_never_answers_a_label_raises_the_defaulted_warning(setup):
     assert state.metrics["judge_defaulted_share"] == 1.0
 
 
+@pytest.mark.slow
 def test_one_real_update_moves_the_student_towards_the_teacher_and_logs_the_turn_statistics(setup):
     student, teacher, batch = setup
     state = {k: v.clone() for k, v in student.model.state_dict().items()}

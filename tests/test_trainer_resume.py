@@ -98,6 +98,7 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_run(tmp_path, algo, ext
         assert len({r["tokens"] for r in a}) > 1, "rollouts at temperature 1 should vary across steps"
 
 
+@pytest.mark.slow
 def test_resume_from_a_folder_without_a_checkpoint_is_a_clear_error(tmp_path):
     empty = tmp_path / "empty_run"
     empty.mkdir()
