@@ -76,11 +76,12 @@ def _cmd_play(args: argparse.Namespace) -> int:
             return 0
         if line.strip() in {"quit", "exit"}:
             return 0
-        if admissible and line.strip().isdigit():
-            if int(line) >= len(admissible):
-                print(f"  (no action number {line.strip()}: pick 0-{len(admissible) - 1}, or type an action)")
+        if admissible and line.strip().isdecimal():
+            number = _action_number(line.strip(), len(admissible))
+            if number is None:
+                print(f"  (no action number {line.strip()[:12]}: pick 0-{len(admissible) - 1}, or type an action)")
                 continue
-            line = admissible[int(line)]
+            line = admissible[number]
             print(f"> {line}")
         obs, reward, terminated, truncated, info = env.step(line)
         total += reward
@@ -92,6 +93,15 @@ def _cmd_play(args: argparse.Namespace) -> int:
             if info["feedback"]:
                 print(textwrap.fill(f"feedback: {info['feedback']}", 100))
             return 0
+
+
+def _action_number(digits: str, count: int) -> int | None:
+    """The admissible action ``digits`` picks, or None when it is out of range (a number too long to be an
+    index is out of range without being converted: int() refuses over 4300 digits)."""
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > len(str(count)) or int(significant) >= count:
+        return None
+    return int(significant)
 
 
 def _parse_override(text: str) -> tuple[str, object]:

@@ -188,3 +188,11 @@ def test_leaderboard_build_reports_episode_pages_in_one_line(tmp_path, capsys):
     assert f"wrote 3 episode pages under {tmp_path / 'episodes'}" in lines
     assert not [line for line in lines if line.endswith(".html") and "/episodes/" in line]
     assert len(list((tmp_path / "episodes").glob("*.html"))) == 3
+
+
+def test_an_action_number_is_read_only_when_it_picks_an_admissible_action():
+    from agentgym_opd.cli import _action_number
+
+    assert _action_number("3", 5) == 3 and _action_number("007", 10) == 7 and _action_number("0", 1) == 0
+    assert _action_number("5", 5) is None and _action_number("99", 5) is None
+    assert _action_number("9" * 5000, 5) is None  # too long for int(): out of range, no ValueError
