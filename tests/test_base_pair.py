@@ -46,6 +46,7 @@ def test_a_shipped_model_is_used_and_nothing_is_built(tmp_path, monkeypatch):
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.slow
 def test_a_rebuild_ignores_the_shipped_model_and_reports_progress(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTGYM_OPD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(base_models, "SHIPPED_PAIR_DIR", tmp_path / "shipped")

@@ -235,6 +235,7 @@ def grads(algo) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("estimator", ["full", "sampled"])
+@pytest.mark.slow
 def test_the_same_tokenizer_through_the_cross_path_gives_opds_numbers(estimator):
     student = HFPolicy.from_pretrained(default_tiny_model())
     teacher = perturbed_tiny_teacher(0.05)
@@ -285,6 +286,7 @@ def test_opd_with_another_tokenizer_says_so_and_trains_on_merged_spans(sampled, 
     assert any(not torch.equal(a, b) for a, b in zip(before, algo.model.parameters()))
 
 
+@pytest.mark.slow
 def test_the_cross_path_loss_does_not_depend_on_the_micro_batch_size(sampled, smol_teacher):
     student, batch = sampled
     losses = []
@@ -310,6 +312,7 @@ def test_cross_tokenizer_settings_it_cannot_honour_are_refused_with_the_fix(smol
         OPD(OPDConfig(cross_tokenizer="off"), student, smol_teacher)
 
 
+@pytest.mark.slow
 def test_sage_opd_weighs_turns_by_the_teachers_confidence_over_its_own_tokens(sampled, smol_teacher):
     student, batch = sampled
     algo = SAGEOPD(SAGEOPDConfig(judge="errors_only"), copy.deepcopy(student), smol_teacher, micro_batch_size=2)

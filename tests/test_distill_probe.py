@@ -40,6 +40,7 @@ def test_opd_loss_is_the_probes_kl_and_opd_steps_lower_it():
     assert rows[-1]["kl_trained"] < rows[0]["kl_trained"]
 
 
+@pytest.mark.slow
 def test_the_probe_can_train_on_the_teachers_own_play_and_report_greedy_success():
     student, teacher = _pair()
     rows = probe(student, teacher, lr=3e-3, steps=2, tasks=2, max_turns=2, divergence="forward_kl", states="teacher",

@@ -51,6 +51,7 @@ def test_teacher_sequence_holds_the_students_tokens_of_every_turn_after_its_cont
             assert inputs.input_ids[row, positions].tolist() == turn.action_token_ids
 
 
+@pytest.mark.slow
 def test_aligned_teacher_logits_equal_an_independent_score_of_the_continuation(rollout):
     policy, batch = rollout
     rows = slice(0, len(batch))

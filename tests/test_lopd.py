@@ -49,6 +49,7 @@ def test_composer_emits_j_by_k_latents_of_embedding_width_and_gradients_reach_lo
     assert state.metrics["masked_fraction"] < 1.0
 
 
+@pytest.mark.slow
 def test_latent_teacher_puts_student_token_t_at_t_plus_jk(setup):
     policy, batch, algo = setup
     rows = slice(0, 1)
@@ -231,6 +232,7 @@ def test_bank_state_is_in_the_checkpoint_and_a_resume_rolls_it_back(setup, tmp_p
     assert fresh.bank.count() == 1
 
 
+@pytest.mark.slow
 def test_lora_student_builds_a_composer_and_trains_it(tmp_path):
     from agentgym_opd.policy.hf import HFPolicy, LoraConfig
     from agentgym_opd.policy.tiny import default_tiny_model

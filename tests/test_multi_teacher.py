@@ -121,6 +121,7 @@ def test_the_routed_loss_is_each_groups_loss_under_its_own_teacher(rollout):
     assert abs(alone - float(loss.detach())) > 1e-4
 
 
+@pytest.mark.slow
 def test_one_teacher_under_two_names_gives_the_single_teacher_step(rollout):
     student, batch = rollout
     rule, _ = routes_of(batch)

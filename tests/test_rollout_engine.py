@@ -51,6 +51,7 @@ def test_greedy_plays_the_same_actions_as_todays_engine(policy):
     torch.testing.assert_close(new.behaviour_logprobs, old.behaviour_logprobs, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_a_seed_gives_the_same_tokens_whatever_else_is_in_the_batch(policy):
     """Rollout k of collect(seed=s) uses seed s + k: played alone (seed s + k, one env) it samples the same."""
     engine = RolloutEngine(policy, SamplingParams(max_new_tokens=12, temperature=1.0), action_parser=first_line)
@@ -64,6 +65,7 @@ def test_a_seed_gives_the_same_tokens_whatever_else_is_in_the_batch(policy):
     assert other.episodes[0].input_ids != batch.episodes[0].input_ids
 
 
+@pytest.mark.slow
 def test_teacher_rescoring_sees_exactly_the_sampled_ids(policy):
     """The batch's ids at agent positions are the sampled ids, and scoring them reproduces their log-probs."""
     engine = RolloutEngine(policy, SamplingParams(max_new_tokens=8, temperature=1.0), action_parser=first_line)
@@ -78,6 +80,7 @@ def test_teacher_rescoring_sees_exactly_the_sampled_ids(policy):
                                    atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_session_continuation_equals_encoding_the_whole_sequence(policy):
     """A session row that grew over calls (holes from padding and dropped tokens) samples like a fresh prompt."""
     tok = policy.tokenizer
@@ -156,6 +159,7 @@ def test_scripted_walkthrough_plays_through_the_engine_and_episodes_are_heard_as
             policy.tokenizer.encode(a, add_special_tokens=False) + eot for a in walkthrough]
 
 
+@pytest.mark.slow
 def test_fewer_slots_than_rollouts_plays_the_same_episodes_with_slots_refilled(policy):
     """Continuous batching: 5 rollouts on 2 slots give exactly the episodes of 5 slots; each ending frees its
     slot for the next waiting rollout, and the session never holds more rows than there are slots."""
