@@ -89,3 +89,26 @@ def test_an_unknown_setting_is_a_clear_error():
     with pytest.raises(ValueError, match="use none, bfloat16 or float16"):
         autocast_dtype("int8")
     assert autocast_dtype("none") is None
+
+
+def test_a_whole_decode_runs_in_one_autocast_context(tiny):
+    """Each hooked forward would otherwise open and close its own context, which drops autocast's cache of the
+    weights' bf16 casts: every one-token forward would cast every weight again (decoding measured 0.75x float32).
+    A probe hook registered before the autocast hooks sees whether a context is already open."""
+    from agentgym_opd.policy.base import SamplingParams
+
+    outer: list[bool] = []
+    tiny.model.register_forward_pre_hook(lambda module, args: outer.append(_autocast_on()))
+    enable_autocast(tiny.model, "bfloat16")
+    tiny.generate([[5, 6, 7], [8, 9]], SamplingParams(max_new_tokens=4, temperature=0.0))
+    assert len(outer) >= 4 and all(outer)
+    outer.clear()
+    tiny.model(input_ids=torch.tensor([[5, 6, 7]]))  # a single forward outside decoding opens its own
+    assert outer == [False]
+
+
+def _autocast_on() -> bool:
+    try:
+        return torch.is_autocast_enabled("cpu")
+    except TypeError:  # older torch
+        return torch.is_autocast_cpu_enabled()

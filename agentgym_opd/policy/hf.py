@@ -23,6 +23,7 @@ from agentgym_opd.distributed import is_fsdp, unwrap_model
 from agentgym_opd.policy.base import Generation, SamplingParams, TokenScores, tail_logprob
 from agentgym_opd.policy.chat import end_of_turn_token_ids, prompt_ids
 from agentgym_opd.policy.kv_cache import slab_cache
+from agentgym_opd.policy.precision import decode_autocast
 from agentgym_opd.policy.sampling import draw, row_seed_words, row_seeds, sampling_logits
 
 
@@ -540,7 +541,8 @@ class KVSession:
         was_training = model.training
         model.eval()
         try:
-            return self._run(rows, seqs, new_ids, params, row_seeds(len(rows), params.seed, seeds))
+            with decode_autocast(model):  # one context: the weights' bf16 casts are made once, not per token
+                return self._run(rows, seqs, new_ids, params, row_seeds(len(rows), params.seed, seeds))
         finally:
             model.train(was_training)
 
