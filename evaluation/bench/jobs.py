@@ -228,7 +228,8 @@ def _build_progress_file(job: Any, out: Path) -> Path:
 
 
 def _job_units(job: Any, settings: BenchSettings) -> int:
-    """A job's share of the progress bar: its training steps (a base model's build steps when it must be built)."""
+    """A job's steps as its progress files count them: training steps (a base model's build steps when it must
+    be built); a job without steps counts 1 when it ends."""
     if isinstance(job, RunJob):
         return settings.steps
     if isinstance(job, BaseModelJob):
@@ -236,6 +237,28 @@ def _job_units(job: Any, settings: BenchSettings) -> int:
 
         return 1 if cached_base_model(job.spec) is not None else job.spec.steps
     return 1
+
+
+def _job_forecast(job: Any, settings: BenchSettings, n_eval_envs: int) -> tuple[float, float]:
+    """(seconds of the job's part the bar can follow step by step, seconds of the rest) as the bench forecasts
+    them: the bar weighs jobs by these, so a reference row that evaluates for minutes is not one unit beside a
+    16-step training run."""
+    from evaluation.bench.settings import SECONDS_PER_EXPERT_EPISODE, job_costs
+
+    costs = job_costs(settings, n_eval_envs)
+    if isinstance(job, RunJob):
+        return costs.run_train, costs.run_eval
+    if isinstance(job, ReferenceJob):
+        return 0.0, costs.reference
+    if isinstance(job, BaseModelJob):
+        from evaluation.bench.base_models import cached_base_model
+
+        if cached_base_model(job.spec) is not None:
+            return 0.0, 1.0
+        return float(job.spec.estimated_seconds()) if hasattr(job.spec, "estimated_seconds") else 60.0, 0.0
+    if isinstance(job, SFTJob):
+        return job.steps * settings.sft_tasks_per_step * SECONDS_PER_EXPERT_EPISODE, 0.0
+    return 0.0, 1.0
 
 
 def _steps_done(job: Any, out: Path) -> int:
@@ -272,7 +295,16 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
         return []
     settings = context.settings
     units = {i: _job_units(job, settings) for i, job in enumerate(jobs)}
-    bar = tqdm(total=sum(units.values()), desc="bench", unit="step", disable=not settings.progress, leave=True)
+    forecast = {i: _job_forecast(job, settings, len(context.env_ids)) for i, job in enumerate(jobs)}
+
+    def work_done(i: int, steps: int | None = None) -> float:
+        """Forecast seconds of job i done: all of it when it ended, else its followed part by steps."""
+        followed, rest = forecast[i]
+        return followed + rest if steps is None else followed * min(steps, units[i]) / max(units[i], 1)
+
+    # the bar counts forecast seconds of work, so its percentage and time left follow the work (shown as both)
+    bar = tqdm(total=round(sum(sum(f) for f in forecast.values()), 1), desc="bench", disable=not settings.progress,
+               leave=True, bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
     outcomes: dict[int, JobOutcome] = {}
     times: list[float] = []
 
@@ -298,14 +330,14 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
             kept(i, outcome)
             store.save(jobs[i], outcome)
     todo = [i for i in range(len(jobs)) if i not in outcomes]
-    bar.update(sum(units[i] for i in outcomes))
+    bar.update(sum(work_done(i) for i in outcomes))
     with bar:
         if workers <= 1:
             for i in todo:
                 job = jobs[i]
                 bar.set_description(f"bench {_job_label(job)}")
                 finished(i, run_job(job, context))
-                bar.update(units[i])
+                bar.update(work_done(i))
         else:
             import concurrent.futures as cf
             import multiprocessing
@@ -330,8 +362,8 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
                             outcome = JobOutcome(jobs[i].name, jobs[i].seed, error=f"worker lost: {type(err).__name__}: {err}")
                         finished(i, outcome)
                     running = [futures[f] for f in pending]
-                    bar.n = (sum(units[i] for i in outcomes)
-                             + sum(min(_steps_done(jobs[i], out), units[i]) for i in running))
+                    bar.n = round(sum(work_done(i) for i in outcomes)
+                                  + sum(work_done(i, _steps_done(jobs[i], out)) for i in running), 1)
                     names = ", ".join(_job_label(jobs[i]) for i in sorted(running)[:3]) + (", ..." if len(running) > 3 else "")
                     bar.set_description(f"bench {len(outcomes)}/{len(jobs)} jobs (running: {names})" if running
                                         else f"bench {len(outcomes)}/{len(jobs)} jobs")

@@ -248,6 +248,25 @@ def estimate_seconds(settings: BenchSettings, algos: list[str], n_eval_envs: int
     base = uses_base_models(settings)
     sft_runs = [settings.warm_steps * warm, settings.teacher_steps * teacher]
     sft_steps = 0 if base else (max(sft_runs) if workers > 1 else sum(sft_runs))
+    costs = job_costs(settings, n_eval_envs)
+    runs = len(algos) * len(settings.seeds)
+    n_references = ((2 if base else 1) + teacher) if settings.references else 0
+    return (sft_steps * settings.sft_tasks_per_step * SECONDS_PER_EXPERT_EPISODE
+            + (runs * (costs.run_train + costs.run_eval) + n_references * costs.reference) / max(workers, 1))
+
+
+@dataclass(frozen=True)
+class JobCosts:
+    """Forecast seconds (one process, one core) of a bench's jobs: what `estimate_seconds` adds up and what the
+    progress bar weighs each job by, so its percentage and time left follow the work rather than a count."""
+
+    run_train: float  # one algorithm x seed: its training (rollouts, teacher scoring, updates)
+    run_eval: float  # ... and its evaluation (curve points, train tasks, held-out splits)
+    reference: float  # a reference row: a frozen model on every split, every seed
+
+
+def job_costs(settings: BenchSettings, n_eval_envs: int) -> JobCosts:
+    base = uses_base_models(settings)
     per_episode = SECONDS_PER_EVAL_EPISODE_BASE if base else SECONDS_PER_EVAL_EPISODE
     per_rollout = SECONDS_PER_ROLLOUT_EPISODE_BASE if base else SECONDS_PER_ROLLOUT_EPISODE
     if settings.track:  # a real LM's episodes cost what the track measured
@@ -258,13 +277,9 @@ def estimate_seconds(settings: BenchSettings, algos: list[str], n_eval_envs: int
                       settings.train_eval_episodes)
     curve = settings.curve_episodes if base else train_tasks
     held_out = (n_eval_envs - 1) * settings.eval_episodes
-    per_run_eval = (settings.eval_points * curve + train_tasks + held_out) * per_episode
-    per_run_train = settings.budget * per_rollout
-    runs = len(algos) * len(settings.seeds)
-    n_references = ((2 if base else 1) + teacher) if settings.references else 0
-    references = n_references * (train_tasks + held_out * len(settings.seeds)) * per_episode
-    return (sft_steps * settings.sft_tasks_per_step * SECONDS_PER_EXPERT_EPISODE
-            + (runs * (per_run_train + per_run_eval) + references) / max(workers, 1))
+    return JobCosts(run_train=settings.budget * per_rollout,
+                    run_eval=(settings.eval_points * curve + train_tasks + held_out) * per_episode,
+                    reference=(train_tasks + held_out * len(settings.seeds)) * per_episode)
 
 
 def resolved_curve_env(settings: BenchSettings) -> str:

@@ -1,0 +1,23 @@
+"""The bench's progress bar weighs each job by its forecast, so its percentage and time left follow the work."""
+
+from evaluation.bench.jobs import ReferenceJob, RunJob, _job_forecast
+from evaluation.bench.settings import BenchSettings, estimate_seconds, job_costs
+
+
+def test_jobs_weigh_what_the_bench_forecasts_for_them():
+    settings = BenchSettings()
+    costs = job_costs(settings, 3)
+    run, reference = RunJob("opd", 0, True, False), ReferenceJob("warm_start", "unused", "warm_start")
+    assert _job_forecast(run, settings, 3) == (costs.run_train, costs.run_eval)
+    assert _job_forecast(reference, settings, 3) == (0.0, costs.reference)
+    # the bug this replaces: a reference row counted one unit beside a run's 16 steps, while it evaluates
+    # every seed's held-out tasks and costs more than a whole training run
+    assert costs.reference > costs.run_train > 0
+
+
+def test_the_first_line_forecast_is_the_sum_the_bar_counts():
+    settings = BenchSettings()
+    costs = job_costs(settings, 3)
+    runs = 2 * len(settings.seeds)
+    total = runs * (costs.run_train + costs.run_eval) + 2 * costs.reference  # warm start and warm start+context
+    assert estimate_seconds(settings, ["opd", "sft"], 3, warm=True, teacher=False, workers=2) == total / 2
