@@ -361,7 +361,7 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
                                 raise
                             outcome = JobOutcome(jobs[i].name, jobs[i].seed, error=f"worker lost: {type(err).__name__}: {err}")
                         finished(i, outcome)
-                    running = [futures[f] for f in pending]
+                    running = [futures[f] for f in pending if f.running()]  # not the queued ones
                     bar.n = round(sum(work_done(i) for i in outcomes)
                                   + sum(work_done(i, _steps_done(jobs[i], out)) for i in running), 1)
                     names = ", ".join(_job_label(jobs[i]) for i in sorted(running)[:3]) + (", ..." if len(running) > 3 else "")
