@@ -1,0 +1,133 @@
+"""bf16 autocast reaches all three phases of a training step (rollout decode, teacher scoring, the update) in
+the code path the bench's SmolLM2 track runs: the Trainer with the track's own overrides (``model.autocast``
+among them), a separate teacher, full weights or LoRA.
+
+A forward hook on every projection (``nn.Linear``) of the student's and the teacher's bodies records the dtype
+its product came out in, under the phase the trainer's meter had open at the time; the output head (whose
+result the autocast hook casts back to float32) records whether autocast was on when it started. A phase that
+ran a forward in float32 shows up as a float32 entry; the float32 run is the control that the probe sees it.
+The tiny model stands in for SmolLM2 (same Llama architecture, built locally, seconds on a CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections import defaultdict
+
+import pytest
+import torch
+
+from agentgym_opd.profiling import PhaseMeter
+
+PHASES = ("rollout", "teacher", "update")
+
+
+def _autocast_dtype_now() -> torch.dtype | None:
+    try:
+        enabled = torch.is_autocast_enabled("cpu")
+    except TypeError:  # older torch
+        enabled = torch.is_autocast_cpu_enabled()
+    if not enabled:
+        return None
+    try:
+        return torch.get_autocast_dtype("cpu")
+    except AttributeError:  # older torch
+        return torch.get_autocast_cpu_dtype()
+
+
+class PhaseProbe:
+    """Which dtype each model's products ran in, per phase of the trainer's meter (innermost phase wins)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.open: list[str] = []
+        self.products: dict[tuple[str, str], set] = defaultdict(set)  # (phase, role) -> Linear output dtypes
+        self.heads: dict[tuple[str, str], set] = defaultdict(set)  # (phase, role) -> autocast dtype at the head
+        self.grads: dict[str, set] = defaultdict(set)  # phase -> dtypes of the gradients reaching projections
+        original = PhaseMeter.phase
+        probe = self
+
+        @contextlib.contextmanager
+        def tracked(meter: PhaseMeter, name: str):
+            probe.open.append(name)
+            try:
+                with original(meter, name):
+                    yield
+            finally:
+                probe.open.pop()
+
+        monkeypatch.setattr(PhaseMeter, "phase", tracked)
+
+    def current(self) -> str:
+        return self.open[-1] if self.open else "outside"
+
+    def watch(self, model: torch.nn.Module, role: str) -> None:
+        head = model.get_output_embeddings()
+        for module in model.get_decoder().modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_hook(
+                    lambda m, a, out: self.products[(self.current(), role)].add(out.dtype))
+                if role == "student":
+                    module.register_full_backward_hook(
+                        lambda m, gin, gout: self.grads[self.current()].update(g.dtype for g in gout if g is not None))
+        head.register_forward_pre_hook(lambda m, a: self.heads[(self.current(), role)].add(_autocast_dtype_now()))
+
+
+def _run_track_step(tmp_path, monkeypatch, *, autocast: str, lora_rank: int = 0) -> tuple[PhaseProbe, dict]:
+    from agentgym_opd.config import load_config
+    from agentgym_opd.trainer import Trainer, algorithm_class
+    from evaluation.bench.tracks import SMOLLM2_ALFWORLD
+
+    track = [o for o in SMOLLM2_ALFWORLD.overrides if not o.startswith("model.autocast=")]
+    assert len(track) < len(SMOLLM2_ALFWORLD.overrides), "the SmolLM2 track no longer sets model.autocast"
+    overrides = {"algorithm": "opd", "env": "household/train", "output_dir": str(tmp_path), "model.student": "tiny",
+                 "model.teacher": "tiny", "model.device": "cpu", "model.autocast": autocast,
+                 "model.lora_rank": lora_rank, "train.steps": 1, "train.checkpoint_every": 0, "eval.every": 0,
+                 "rollout.tasks_per_step": 2, "rollout.max_turns": 2, "rollout.max_new_tokens": 6}
+    config = load_config(None, track + [f"{k}={v}" for k, v in overrides.items()],
+                         algo_config_cls=algorithm_class("opd").Config)
+    probe = PhaseProbe(monkeypatch)
+    trainer = Trainer(config, env_overrides={"num_tasks": 4}, progress=False)
+    probe.watch(trainer.student.model, "student")
+    probe.watch(trainer.teacher.model, "teacher")
+    trainer.train()
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    return probe, record
+
+
+def _check_every_phase(probe: PhaseProbe, dtype: torch.dtype, head: torch.dtype | None) -> None:
+    ran = {"rollout": "student", "teacher": "teacher", "update": "student"}  # whose body computes in each phase
+    for phase, role in ran.items():
+        assert probe.products[(phase, role)] == {dtype}, (phase, role, probe.products)
+    for phase in ("rollout", "update"):
+        assert probe.heads[(phase, "student")] == {head}, (phase, probe.heads)
+    # the teacher's head runs chunk by chunk inside the loss (no [b, T, V] of teacher logits is kept), which the
+    # meter counts as the update: wherever it ran, it ran under the same autocast
+    teacher_heads = set().union(*(seen for (_, role), seen in probe.heads.items() if role == "teacher"))
+    assert teacher_heads == {head}, probe.heads
+    assert probe.grads["update"] == {dtype}, probe.grads
+    # no forward of either model escaped the metered phases (or ran in another precision there)
+    for (phase, role), seen in [*probe.products.items(), *probe.heads.items()]:
+        assert phase in PHASES and seen <= {dtype, head}, (phase, role, seen)
+
+
+@pytest.mark.slow
+def test_the_track_runs_rollout_teacher_scoring_and_update_in_bf16(tmp_path, monkeypatch):
+    probe, record = _run_track_step(tmp_path, monkeypatch, autocast="bfloat16")
+    _check_every_phase(probe, torch.bfloat16, torch.bfloat16)
+    assert record["agent_tokens"] > 0 and record["time/teacher_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # the probe's hook on a frozen base projection
+def test_with_lora_every_phase_is_bf16_too(tmp_path, monkeypatch):
+    """LoRA wraps each projection (a frozen base Linear plus two small trainable ones): all of them in bf16."""
+    probe, _ = _run_track_step(tmp_path, monkeypatch, autocast="bfloat16", lora_rank=4)
+    _check_every_phase(probe, torch.bfloat16, torch.bfloat16)
+
+
+@pytest.mark.slow
+def test_the_probe_sees_float32_when_autocast_is_off(tmp_path, monkeypatch):
+    """The control: with model.autocast=none the same probe records float32 in every phase."""
+    probe, _ = _run_track_step(tmp_path, monkeypatch, autocast="none")
+    _check_every_phase(probe, torch.float32, None)
