@@ -42,8 +42,8 @@ from typing import Any, Callable
 
 from evaluation.leaderboard_tables import (FamilyTable, Method, Row, aggregate_rows, best_values, error_kinds,  # noqa: F401
                                            family_tables, interval_text, interval_words, is_zero_shot, metric_title,
-                                           primary_metric,
-                                           record_budget, rows_by_family, wilson_interval)
+                                           primary_metric, record_budget, rows_by_family, track_csv_cells,
+                                           TRACK_CSV_COLUMNS, wilson_interval)
 from evaluation.leaderboard_ranks import REFERENCES, paired_words, rank_groups, reference_differences
 from evaluation.records import (MAX_RECORD_BYTES, RecordError, env_family, parse_record, protocol_label, record_id,
                                 reproduction_problem)
@@ -260,36 +260,7 @@ class Leaderboard:
                  "evaluated on other tasks than the bench's record of the same split and seed; `(reproduced)` a rerun.", ""]
         tables = self.family_tables(rows)
         for table in [t for t in tables if not is_zero_shot(t)]:
-            lines += [f"## {md_cell(table.track.title if table.track else table.family)}", "",
-                      f"Primary metric: `{md_cell(metric_title(table.family, table.metric))}`; ranked by "
-                      f"{md_cell(table.ranking_env)}.", ""]
-            head = ["#", "method", *[f"{table.metric} {e.split('/', 1)[1]}" for e in table.env_ids], "n",
-                    *(f"vs {ref}" for ref in REFERENCES), "rollout episodes", "tokens", "teacher", "student", "seeds",
-                    "protocol"]
-            lines.append("| " + " | ".join(md_cell(h) for h in head) + " |")
-            lines.append("|" + "|".join("---" for _ in head) + "|")
-            for group, m in zip(rank_groups(table), table.methods):
-                name = m.display + (" *" if m.protocol_differs else "") + (" (reproduced)" if m.reproduced else "")
-                episodes, tokens = m.budget
-                ranking = m.by_env.get(table.ranking_env)
-                diffs = reference_differences(table, m)
-                cells = [group, name, *[self.interval_text(m.by_env.get(e), table.metric) for e in table.env_ids],
-                         "-" if ranking is None else str(ranking.episodes_behind(table.metric)),
-                         *("-" if diffs[ref] is None else diffs[ref].text() for ref in REFERENCES),
-                         "-" if episodes is None else str(episodes), "-" if tokens is None else str(tokens),
-                         m.teacher or "-", m.student, ",".join(map(str, m.seeds)), m.shown_protocol or "bench"]
-                lines.append("| " + " | ".join(md_cell(c) for c in cells) + " |")
-            lines += ["", f"Errors on {md_cell(table.ranking_env)} (share of turns, by kind):", ""]
-            kinds = error_kinds(table)
-            head = ["method", "error_rate", *kinds]
-            lines.append("| " + " | ".join(md_cell(h) for h in head) + " |")
-            lines.append("|" + "|".join("---" for _ in head) + "|")
-            for m in table.methods:
-                r = m.by_env.get(table.ranking_env)
-                cells = [m.display] + [f"{r.metrics[k][0]:.3f}" if r and k in r.metrics else ("0.000" if r else "-")
-                                       for k in ["error_rate", *(f"error_rate/{k}" for k in kinds)]]
-                lines.append("| " + " | ".join(md_cell(c) for c in cells) + " |")
-            lines.append("")
+            lines += self.ranked_markdown(table)
         lines += self.zero_shot_markdown([t for t in tables if is_zero_shot(t)])
         lines += ["# Every metric", "", "Mean +- standard error; bold: best in the env split "
                   "(lowest for mean_turns and error rates).", ""]
@@ -317,6 +288,41 @@ class Leaderboard:
             lines.append("")
         return "\n".join(lines)
 
+    def ranked_markdown(self, table: FamilyTable) -> list[str]:
+        """One track's section of LEADERBOARD.md: its heading, ranked table and error breakdown (also what
+        `leaderboard submit` previews for a track a submission joins)."""
+        lines = [f"## {md_cell(table.track.title if table.track else table.family)}", "",
+                 f"Primary metric: `{md_cell(metric_title(table.family, table.metric))}`; ranked by "
+                 f"{md_cell(table.ranking_env)}.", ""]
+        head = ["#", "method", *[f"{table.metric} {e.split('/', 1)[1]}" for e in table.env_ids], "n",
+                *(f"vs {ref}" for ref in REFERENCES), "rollout episodes", "tokens", "teacher", "student", "seeds",
+                "protocol"]
+        lines.append("| " + " | ".join(md_cell(h) for h in head) + " |")
+        lines.append("|" + "|".join("---" for _ in head) + "|")
+        for group, m in zip(rank_groups(table), table.methods):
+            name = m.display + (" *" if m.protocol_differs else "") + (" (reproduced)" if m.reproduced else "")
+            episodes, tokens = m.budget
+            ranking = m.by_env.get(table.ranking_env)
+            diffs = reference_differences(table, m)
+            cells = [group, name, *[self.interval_text(m.by_env.get(e), table.metric) for e in table.env_ids],
+                     "-" if ranking is None else str(ranking.episodes_behind(table.metric)),
+                     *("-" if diffs[ref] is None else diffs[ref].text() for ref in REFERENCES),
+                     "-" if episodes is None else str(episodes), "-" if tokens is None else str(tokens),
+                     m.teacher or "-", m.student, ",".join(map(str, m.seeds)), m.shown_protocol or "bench"]
+            lines.append("| " + " | ".join(md_cell(c) for c in cells) + " |")
+        lines += ["", f"Errors on {md_cell(table.ranking_env)} (share of turns, by kind):", ""]
+        kinds = error_kinds(table)
+        head = ["method", "error_rate", *kinds]
+        lines.append("| " + " | ".join(md_cell(h) for h in head) + " |")
+        lines.append("|" + "|".join("---" for _ in head) + "|")
+        for m in table.methods:
+            r = m.by_env.get(table.ranking_env)
+            cells = [m.display] + [f"{r.metrics[k][0]:.3f}" if r and k in r.metrics else ("0.000" if r else "-")
+                                   for k in ["error_rate", *(f"error_rate/{k}" for k in kinds)]]
+            lines.append("| " + " | ".join(md_cell(c) for c in cells) + " |")
+        lines.append("")
+        return lines
+
     def zero_shot_markdown(self, tables: list[FamilyTable]) -> list[str]:
         """One table of every zero-shot track (an untrained model under its own protocol): env, model, the
         family's primary metric with its interval and n, and the protocol."""
@@ -342,7 +348,9 @@ class Leaderboard:
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(["env_family", "env_id", "split", "algorithm", "protocol", "student", "teacher", "seeds", "n_episodes",
                          "rollout_episodes", "tokens", "origin"]
-                        + [f"{m}{s}" for m in metrics for s in ("", "_stderr", "_ci95_low", "_ci95_high")])
+                        + [f"{m}{s}" for m in metrics for s in ("", "_stderr", "_ci95_low", "_ci95_high")]
+                        + list(TRACK_CSV_COLUMNS))
+        tracks = track_csv_cells(rows)
         for r in rows:
             values: list[Any] = []
             for m in metrics:
@@ -352,7 +360,8 @@ class Leaderboard:
             writer.writerow([csv_cell(x) for x in
                              [env_family(r.env_id), r.env_id, r.split, r.algorithm, r.protocol, r.student, r.teacher or "",
                               " ".join(map(str, r.seeds)), r.n_episodes, "" if episodes is None else episodes,
-                              "" if tokens is None else tokens, " ".join(sorted(set(r.origins)))]] + values)
+                              "" if tokens is None else tokens, " ".join(sorted(set(r.origins)))]] + values
+                            + [csv_cell(x) for x in tracks[id(r)]])
         return buf.getvalue()
 
     def outputs(self) -> dict[Path, str]:

@@ -358,3 +358,38 @@ def error_kinds(table: FamilyTable) -> list[str]:
 
     seen = {k.split("/", 1)[1] for m in table.methods for r in m.by_env.values() for k in r.metrics if k.startswith("error_rate/")}
     return [k for k in ERROR_KINDS if k in seen]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The CSV's track columns: what the page shows of a row beyond its cells
+# ----------------------------------------------------------------------------------------------------
+
+# after every other column of leaderboard.csv; ``paired_ci95``: the exact McNemar-consistent 95% interval of a
+# paired difference over the same (seed, task) episodes (a normal one where outcomes are not 0/1), the page's
+TRACK_CSV_COLUMNS = ("track", "rank_group", *(f"vs_{ref}_{part}" for ref in ("warm_start", "opd")
+                                              for part in ("paired_diff", "paired_ci95_low", "paired_ci95_high",
+                                                           "paired_n")))
+
+
+def track_csv_cells(rows: list[Row]) -> dict[int, list[Any]]:
+    """Per row (by ``id``), the ``TRACK_CSV_COLUMNS`` cells: its track's title; its method's rank group on the
+    row of the split the track ranks by (other splits' rows are not ranked: empty); and its paired difference
+    from the track's warm start and OPD rows on the row's own split (the page's numbers on the ranking split),
+    '' where there is nothing to pair. A zero-shot track ranks nothing: no rank group."""
+    from evaluation.leaderboard_ranks import REFERENCES, paired, rank_groups, reference_method
+
+    cells: dict[int, list[Any]] = {}
+    for table in family_tables(rows):
+        title = table.track.title if table.track else table.family
+        groups = [""] * len(table.methods) if is_zero_shot(table) else rank_groups(table)
+        for group, method in zip(groups, table.methods):
+            refs = {name: reference_method(table, name, method.budget[0]) for name in REFERENCES}
+            for env_id, row in method.by_env.items():
+                out: list[Any] = [title, group if env_id == table.ranking_env else ""]
+                for name in REFERENCES:
+                    ref = refs[name]
+                    diff = None if ref is None or ref is method else paired(row, ref.by_env.get(env_id))
+                    out += ["", "", "", ""] if diff is None else [round(diff.mean, 6), round(diff.low, 6),
+                                                                  round(diff.high, 6), diff.n]
+                cells[id(row)] = out
+    return cells
