@@ -1,11 +1,12 @@
-"""`agentgym-opd leaderboard [--root DIR] add RECORD... | build [--check] | reproduce RECORD | stamp RECORD... | import-bench OUT_DIR`.
+"""`agentgym-opd leaderboard [--root DIR] add RECORD... | build [--check] | reproduce RECORD | stamp RECORD... |
+submit RECORD_OR_FOLDER... --name NAME | import-bench OUT_DIR`.
 
 Exit codes: 0 done; 1 ``build --check`` found the committed outputs stale, or ``reproduce`` got another
 number; 2 bad input (a record that does not validate, a duplicate, a file that is no record, a ``stamp``
 command that disagrees with its record), with an ``error:`` line (one more per further refused record)
 and no traceback. ``add``, ``import-bench`` and ``stamp`` check every record before writing any, so on
 exit 2 nothing was written. ``import-bench`` skips (and reports) records already published: rerunning it
-is safe.
+is safe. ``submit`` (`evaluation.leaderboard_submit`) only reads the board.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                           "stamps its own); refuses a command that disagrees with the record (in place)")
     stamp.add_argument("records", nargs="+")
     stamp.add_argument("--command", required=True, help="the `agentgym-opd eval ...` command that wrote them, quoted")
+    sub_ = sub.add_parser("submit", help="check records made elsewhere against the board and write the folder of a "
+                                         "pull request (records, SUBMISSION.md, preview.md); the board is only read")
+    sub_.add_argument("records", nargs="+", help="record files, or folders holding them (their *.json)")
+    sub_.add_argument("--name", required=True, help="the lab or method submitting (names the folder)")
+    sub_.add_argument("--out", default=None, help="the folder to write (default: submissions/NAME); must not exist "
+                                                  "or be empty")
     imp = sub.add_parser("import-bench", help="publish a finished bench's records with provenance and episodes "
                                               "(records already published are skipped: safe to rerun)")
     imp.add_argument("output_dir", help="the bench's --output-dir")
@@ -53,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
             return _reproduce(board, args)
         if args.action == "stamp":
             return _stamp(board, args)
+        if args.action == "submit":
+            return _submit(board, args)
         if args.action == "import-bench":
             from evaluation.bench.publish import import_bench
 
@@ -126,6 +135,18 @@ def _warn_unregistered(items: list[tuple[str, dict]]) -> None:
                   f"{', '.join(registered)}); publishing it anyway. If it is a plugin's method, that plugin is not "
                   "installed here; if it is a typo, remove the record and add it again with the right id",
                   file=sys.stderr)
+
+
+def _submit(board: Leaderboard, args: argparse.Namespace) -> int:
+    from evaluation.leaderboard_submit import submit
+
+    folder, changes = submit(board, args.records, args.name, args.out)
+    for change in changes:
+        print(f"{change.table.track.title if change.table.track else change.table.family}: "
+              f"{len(change.methods)} row(s){' (a new track)' if change.new_track else ''}")
+    print(f"wrote {folder}: open a pull request with it, SUBMISSION.md as its description; after review, "
+          f"`agentgym-opd leaderboard add {folder}/records/*.json` publishes the records")
+    return 0
 
 
 def _stamp(board: Leaderboard, args: argparse.Namespace) -> int:
