@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,18 @@ def test_a_bad_name_an_occupied_folder_and_a_folder_inside_the_board_are_refused
     with pytest.raises(RecordError, match="inside the published board"):
         submit(board, [], "x", tmp_path / "lb" / "records")
     assert (tmp_path / "taken" / "mine.txt").read_text() == "keep" and not (tmp_path / "lb").exists()
+
+
+def test_names_from_a_record_cannot_forge_markup_or_rows_in_the_pull_requests_body(tmp_path):
+    from evaluation.leaderboard_submit import submission_markdown, track_changes
+
+    provenance = {"packages": {"torch": "2"}, "tasks_sha256": "a" * 64, "chat_template_sha256": None,
+                  "weights_sha256": None, "command": ["agentgym-opd", "eval", "--policy", "random", "--env",
+                                                      "household/valid_seen"], "seeds": [0], "device": "cpu"}
+    hostile = make_record("<img src=x onerror=alert(1)>| 1 | forged", student="[me](javascript:alert(1))",
+                          provenance=provenance, outcomes={"t1": 1.0, "t2": 0.0})
+    board = Leaderboard(tmp_path / "lb")
+    text = submission_markdown(board, "lab", "submissions/lab", [("r.json", hostile)], track_changes(board, [hostile]))
+    assert "<img" not in text and "](javascript" not in text
+    row = next(line for line in text.splitlines() if line.startswith("| ") and "forged" in line)
+    assert len(re.findall(r"(?<!\\)\|", row)) == 9  # the table's 8 cells, none added by the name
