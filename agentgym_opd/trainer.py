@@ -18,7 +18,9 @@ Algorithm.update` makes the step the global batch's; rank 0 logs, evaluates and 
 
 Checkpoint layout (``<output_dir>/checkpoints/step_<N>/``): ``model/`` (``save_pretrained`` of the student
 and its tokenizer: a LoRA student saves its adapter), ``trainer_state.pt`` (trainable weights, optimiser and
-algorithm state, RNG states, step), ``config.yaml`` (the full run config). Resuming loads the student from
+algorithm state, RNG states, step), ``config.yaml`` (the full run config), ``training.json`` (what a rerun
+needs: command, config, starting models and their hashes, code revision, budget so far;
+`agentgym_opd.run_provenance`, also written into the run folder when training starts). Resuming loads the student from
 ``model.student`` as configured, then the trainable weights from the checkpoint, so full fine-tunes and LoRA
 resume the same way. ``metrics.jsonl`` lines past the resumed step are dropped, so the file reads like one
 uninterrupted run.
@@ -45,6 +47,7 @@ from agentgym_opd.profiling import PhaseMeter, metering
 from agentgym_opd import distributed as D
 from agentgym_opd.registry import algorithm_registry, load_entry_point, make
 from agentgym_opd.rollout import RolloutBatch, RolloutEngine
+from agentgym_opd.run_provenance import write_training_json
 from agentgym_opd.teachers import load_teachers
 
 DEFAULT_SYSTEM_PROMPT = ONE_ACTION_PROMPT  # the prompt of checkpoints saved before prompts were config keys
@@ -134,6 +137,9 @@ def batch_metrics(batch: RolloutBatch) -> dict[str, float]:
 class Trainer:
     """Runs one configured training run (see the module docstring); ``train()`` returns the last metrics."""
 
+    # the command that started the run (``agentgym-opd train ...``, set by the train command), for training.json
+    training_command: list[str] | None = None
+
     def __init__(self, config: RunConfig, *, env_overrides: dict[str, Any] | None = None,
                  eval_env_overrides: dict[str, Any] | None = None, system_prompt: str | None = None,
                  action_parser: Any = None, progress: bool = True):
@@ -209,6 +215,7 @@ class Trainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if self.dist.is_main:
             save_config(self.config, self.output_dir / "config.yaml")
+            write_training_json(self.output_dir, self.training_provenance())
         last: dict[str, float] = {}
         bar = tqdm(total=self.config.train.steps, initial=self.step, disable=not (self.progress and self.dist.is_main),
                    desc=self.config.algorithm)
@@ -314,10 +321,25 @@ class Trainer:
         torch.save(state, path / "trainer_state.tmp")
         os.replace(path / "trainer_state.tmp", path / "trainer_state.pt")  # a kill mid-save leaves no half file
         save_config(self.config, path / "config.yaml")
+        write_training_json(path, self.training_provenance(self.step))
         latest = self.output_dir / "checkpoints" / "latest"
         latest.with_suffix(".tmp").write_text(path.name, encoding="utf-8")
         os.replace(latest.with_suffix(".tmp"), latest)  # `latest` moves only once the checkpoint is whole
         return path
+
+    def training_provenance(self, step: int | None = None) -> dict[str, Any]:
+        """``training.json``'s content (`agentgym_opd.run_provenance`); with ``step``, the budget spent up to it.
+        The starting models are hashed and the code revision read once per run."""
+        from agentgym_opd.run_provenance import code_revision, spent_tokens, starting_models, training_provenance
+
+        if not hasattr(self, "_start"):
+            self._start = (starting_models(self.config.model), code_revision())
+        models, revision = self._start
+        budget = None if step is None else {
+            "steps": step, "rollout_episodes": step * self.config.rollout.tasks_per_step * self.group_size,
+            "tokens": spent_tokens(self.output_dir / "metrics.jsonl", step)}
+        return training_provenance(self.config, command=self.training_command, models=models, budget=budget,
+                                   device=resolve_device(self.config.model.device), revision=revision)
 
     def resume(self, checkpoint: str | Path) -> None:
         """Restore weights, optimiser, RNGs and step from a checkpoint dir (or a run dir: its latest one)."""

@@ -3,8 +3,10 @@
 The named flags are shorthands for config keys; free-form ``section.key=value`` overrides come last and
 win. ``--env-arg key=value`` passes a constructor option to the env (e.g. ``num_tasks=2`` to train on a
 few tasks), which the run config has no section for yet; it is recorded in ``env_args.json`` beside the
-config. ``--resume DIR`` continues a run from its latest checkpoint (or a given ``step_<N>`` folder); Ctrl-C
-says which checkpoint that is.
+config. The run folder and every checkpoint also get ``training.json`` (the command as typed, the resolved
+config, the starting models' hashes, the code revision, the budget: `agentgym_opd.run_provenance`), which an
+evaluation of a checkpoint carries into its record. ``--resume DIR`` continues a run from its latest
+checkpoint (or a given ``step_<N>`` folder); Ctrl-C says which checkpoint that is.
 """
 
 from __future__ import annotations
@@ -59,6 +61,15 @@ def kept_run_folder(output_dir: Path) -> str:
             f"continue with the same command plus --resume {output_dir}")
 
 
+def typed_command(args: argparse.Namespace) -> list[str]:
+    """This command as typed (``agentgym-opd train ...``, the words the CLI parsed), its output folder
+    replaced by a placeholder, for the run's ``training.json``."""
+    from agentgym_opd.run_provenance import train_command
+
+    argv = list(getattr(args, "invoked_argv", None) or sys.argv[1:])
+    return train_command(argv[argv.index("train") + 1:] if "train" in argv else argv)
+
+
 def run(args: argparse.Namespace) -> int:
     from agentgym_opd.config import ConfigError, run_config_from_cli
     from agentgym_opd.teachers import parse_teacher_flags
@@ -74,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
                                      algo_config_cls=algo_cls.Config if algo_cls else None)
         env_args = _env_args(args.env_arg)
         trainer = Trainer(config, env_overrides=env_args, progress=not args.no_progress)
+        trainer.training_command = typed_command(args)
     except (ConfigError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
