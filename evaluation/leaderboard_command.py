@@ -20,6 +20,8 @@ from evaluation.leaderboard import Leaderboard
 from evaluation.records import RecordError
 
 HELP = "publish result records on the leaderboard, render its tables and page, rerun a record"
+ALLOW_DIRTY_HELP = ("publish records made from a tree with uncommitted changes (code_revision ending +dirty), marked "
+                    "as such; without it they are refused")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = sub.add_parser("add", help="validate and publish result records (JSON files), then rebuild")
     add.add_argument("records", nargs="+")
     add.add_argument("--no-build", action="store_true", help="do not re-render the tables afterwards")
+    add.add_argument("--allow-dirty", action="store_true", help=ALLOW_DIRTY_HELP)
     build = sub.add_parser("build", help="render LEADERBOARD.md, leaderboard.csv, index.html and the episode pages")
     build.add_argument("--check", action="store_true",
                        help="write nothing; exit 1 if the files on disk differ from what the records make")
@@ -35,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rep.add_argument("record", help="a record file (e.g. leaderboard/records/<id>.json)")
     rep.add_argument("--add", action="store_true", help="publish the rerun as a 'reproduced' record")
     rep.add_argument("--timeout", type=float, default=3600, help="seconds the rerun may take (default 3600)")
+    rep.add_argument("--allow-dirty", action="store_true", help="with --add: " + ALLOW_DIRTY_HELP)
     stamp = sub.add_parser("stamp", help="add provenance to records `agentgym-opd eval` wrote without it (eval --out "
                                           "stamps its own); refuses a command that disagrees with the record (in place)")
     stamp.add_argument("records", nargs="+")
@@ -48,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     imp = sub.add_parser("import-bench", help="publish a finished bench's records with provenance and episodes "
                                               "(records already published are skipped: safe to rerun)")
     imp.add_argument("output_dir", help="the bench's --output-dir")
+    imp.add_argument("--allow-dirty", action="store_true", help=ALLOW_DIRTY_HELP)
     imp.add_argument("--episodes", type=int, default=3, help="evaluation episodes kept per run, held-out split (default 3)")
     imp.add_argument("--command", default=None,
                      help="the bench command as run (default: rebuilt from the bench's settings)")
@@ -66,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
             from evaluation.bench.publish import import_bench
 
             import_bench(args.output_dir, board, command=args.command.split() if args.command else None,
-                         episodes=args.episodes)
+                         episodes=args.episodes, allow_dirty=args.allow_dirty)
         if args.action == "add":
-            _add(board, args.records)
+            _add(board, args.records, allow_dirty=args.allow_dirty)
             if args.no_build:
                 return 0
         if args.action == "build" and args.check:
@@ -99,16 +104,21 @@ def _report_build(written: list[Path], episode_dir: Path) -> None:
         print(f"wrote {len(episode_pages)} episode page{'s' if len(episode_pages) > 1 else ''} under {episode_dir}")
 
 
-def _add(board: Leaderboard, paths: list[str]) -> list[Path]:
+def _add(board: Leaderboard, paths: list[str], *, allow_dirty: bool = False) -> list[Path]:
     """Publish record files all or nothing: every file is read, validated and checked against the board and
     the other files before the first is written, so a bad file among good ones publishes none and leaves
-    the records and the tables as they were (one good file written, then an error, left the tables stale)."""
+    the records and the tables as they were (one good file written, then an error, left the tables stale).
+    A record from a tree with uncommitted changes is refused unless ``allow_dirty`` (`records.dirty_problem`)."""
+    from evaluation.records import dirty_problem
+
     items, problems = [], []
     for path in paths:
         try:
             items.append((path, board.read_record(path)))
         except RecordError as err:
             problems.append(str(err))
+    if not allow_dirty:
+        problems += [p for p in (dirty_problem(path, record) for path, record in items) if p]
     plan = board.plan(items)
     plan.problems[:0] = problems
     plan.check(fix="fix or leave out the refused file(s) and run it again")
@@ -185,16 +195,34 @@ def _check_original_published(board: Leaderboard, record: dict, source: str) -> 
                           f"{source}`), or rerun without --add; nothing was run")
 
 
+def _check_clean_tree(allow_dirty: bool) -> None:
+    """Before a rerun that ``--add`` will publish: the rerun's record states this checkout's revision, so a
+    tree with uncommitted changes is refused now, not after the rerun (unless ``--allow-dirty``)."""
+    from evaluation.records import DIRTY_SUFFIX
+    from evaluation.runner import code_revision
+
+    revision = code_revision()
+    if revision.endswith(DIRTY_SUFFIX) and not allow_dirty:
+        raise RecordError(f"--add publishes a rerun made by this checkout, which has uncommitted changes ({revision}): "
+                          "commit them or rerun from a clean checkout, or pass --allow-dirty to publish it marked as "
+                          "from a dirty tree; nothing was run")
+
+
 def _reproduce(board: Leaderboard, args: argparse.Namespace) -> int:
-    from evaluation.reproduce import format_report, reproduce
+    from evaluation.reproduce import format_report, reproduce, weights_agree
 
     record = board.read_record(Path(args.record))
     if args.add:
         _check_original_published(board, record, args.record)
-    ok, new, rows = reproduce(record, timeout_s=args.timeout)
+        _check_clean_tree(args.allow_dirty)
+    ok, new, rows = reproduce(record, timeout_s=args.timeout, log=print)
     print(f"reproduce {record['algorithm']} on {record['env_id']} seed {record['seed']}: "
           + ("same numbers" if all(r["old"] == r["new"] for r in rows) else "numbers differ"))
     print(format_report(rows))
+    same_weights = weights_agree(record, new)
+    if same_weights is not None:
+        print("weights: " + ("same as the record's" if same_weights else "differ from the record's (weights_sha256 "
+                             f"{record['provenance']['weights_sha256'][:12]} -> {new['provenance']['weights_sha256'][:12]})"))
     if args.add:
         print(f"added {board.add(new)}")
         board.build()

@@ -9,6 +9,7 @@
 | `command` | list of str | the full command that produced the record, as argv (``agentgym-opd ...``) |
 | `seeds` | list of int | every seed of the run that produced it |
 | `device` | str | where it ran (``cpu``, ``cuda``): a CPU record reproduces exactly, a GPU one within noise |
+| `training` | optional object, see `evaluation.training_provenance` | the training that made the policy: train (or bench) command, resolved config, starting models by name and weights hash, seed, code revision, device, budget; ``eval --out`` copies it from the checkpoint's ``training.json``, ``import-bench`` states the bench job's |
 
 The hashes are of *content*, not of names, so ``tiny+sft120`` trained twice with the same settings has the
 same weights hash only if the training really was bit-identical.
@@ -30,6 +31,7 @@ from evaluation.records import RecordError
 PACKAGES = ("agentgym-opd", "torch", "transformers", "tokenizers", "numpy", "gymnasium", "peft", "accelerate")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 KEYS = {"packages", "tasks_sha256", "chat_template_sha256", "weights_sha256", "command", "seeds", "device"}
+OPTIONAL_KEYS = {"training"}
 MAX_COMMAND_ARGS = 200
 MAX_ARG_CHARS = 1000
 
@@ -111,8 +113,8 @@ def collect(*, tasks_sha: str, seeds: Sequence[int], command: Sequence[str], pol
 
 def check_provenance(value: Any) -> str | None:
     """The record schema's check of ``provenance`` (None when fine, else what is wrong)."""
-    if not isinstance(value, dict) or set(value) != KEYS:
-        return f"must be an object with exactly the keys {sorted(KEYS)}"
+    if not isinstance(value, dict) or not KEYS <= set(value) <= KEYS | OPTIONAL_KEYS:
+        return f"must be an object with exactly the keys {sorted(KEYS)} (and optionally {sorted(OPTIONAL_KEYS)})"
     packages = value["packages"]
     if not (isinstance(packages, dict) and len(packages) <= 100
             and all(isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 100 and len(v) <= 100
@@ -133,6 +135,10 @@ def check_provenance(value: Any) -> str | None:
         return "'seeds' must be a non-empty list of 64-bit integers"
     if not (isinstance(value["device"], str) and 0 < len(value["device"]) <= 64 and value["device"].isprintable()):
         return "'device' must be a short printable string"
+    if "training" in value:
+        from evaluation.training_provenance import check_training
+
+        return check_training(value["training"])
     return None
 
 
@@ -163,7 +169,8 @@ def stamp_eval_record(record: dict[str, Any], command: Sequence[str]) -> dict[st
     """Fill ``provenance`` (and ``origin``) of a record written by ``command`` = ``agentgym-opd eval ...``.
 
     The command is parsed with eval's own parser and the evaluated tasks, the model's weights and its chat
-    template are hashed from what that command evaluates. A command that disagrees with what the record
+    template are hashed from what that command evaluates; a trainer checkpoint's ``training.json`` becomes
+    ``provenance.training``. A command that disagrees with what the record
     states about its own run (env, episodes, seed, policy, protocol) is refused with a RecordError naming
     each difference: its provenance would describe another evaluation, and `reproduce` would rerun that.
     ``agentgym-opd eval --out`` calls this on each record it writes; ``agentgym-opd leaderboard stamp``
@@ -178,10 +185,12 @@ def stamp_eval_record(record: dict[str, Any], command: Sequence[str]) -> dict[st
     problems = command_disagreements(record, args, source, None if tasks is None else len(tasks))
     if problems:
         raise RecordError(_refusal(record, problems))
-    policy = None
+    policy, training = None, None
     if source is not None:
         from evaluation.policy_eval import load_policy
+        from evaluation.training_provenance import checkpoint_training
 
+        training = checkpoint_training(source.checkpoint) if source.checkpoint is not None else None
         policy = load_policy(source, device="cpu", dtype=args.dtype)
         if source.checkpoint is not None and "budget" not in record:
             budget = training_budget(source.checkpoint)
@@ -193,6 +202,8 @@ def stamp_eval_record(record: dict[str, Any], command: Sequence[str]) -> dict[st
 
         device = "cuda" if (args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())) else "cpu"
     record["provenance"] = collect(tasks_sha=tasks_sha256(tasks), seeds=_seeds(args), command=command, policy=policy, device=device)
+    if training is not None:
+        record["provenance"]["training"] = training
     record.setdefault("origin", "original")
     return record
 

@@ -11,7 +11,7 @@ A record is a JSON object. Schema version 1 (fields below the line are optional)
 | `algorithm` | str | registered algorithm name, or `base` for an untrained model |
 | `algorithm_config` | object | the algorithm's config as run |
 | `student`, `teacher` | str, str or null | model paths / names |
-| `code_revision` | str | git revision of the code that produced it |
+| `code_revision` | str | git revision of the code that produced it; ``+dirty`` (uncommitted changes, here or in ``provenance.training``) is refused by `leaderboard add` and `import-bench` unless ``--allow-dirty`` (``dirty_problem``) |
 | `seed` | int | the run's seed |
 | `wall_time_s` | float >= 0 | evaluation wall time |
 | `created` | str | ISO-8601 time the record was written; not in the future (``CLOCK_SKEW`` allowed; no zone: UTC) |
@@ -21,7 +21,7 @@ A record is a JSON object. Schema version 1 (fields below the line are optional)
 | `budget` | {"rollout_episodes": int, "tokens": int or null} | training spent: rollout episodes and agent tokens generated |
 | `origin` | "original" or "reproduced" | a first result, or a rerun of a published one (absent: original) |
 | `reproduces` | str (16 hex digits) | with `origin: reproduced` only, and then required: the record id of the published record it reruns (same env, split, algorithm, models and seed); a leaderboard folder publishes it only beside that record |
-| `provenance` | object, see `evaluation.provenance` | package versions, task-set hash, chat-template hash, weights hash, full command, seeds |
+| `provenance` | object, see `evaluation.provenance` | package versions, task-set hash, chat-template hash, weights hash, full command, seeds; `training` (optional, see `evaluation.training_provenance`): the training that made the policy |
 | `episodes` | list of episode traces, see `evaluation.episode_trace` | a few evaluation episodes, turn by turn, with per-token divergences for distillation methods |
 | `outcomes` | optional {task id: number in [0, 1]} | each evaluated task's success (the mean over its samples), at most ``MAX_OUTCOMES`` tasks: the leaderboard pairs two rows over the same (seed, task) episodes with them |
 | `throughput` | optional {"agent_tokens": int, "tokens_per_s": number} | tokens the policy generated, and per second of wall time |
@@ -72,6 +72,8 @@ RERUN_FIELDS = ("env_id", "split", "algorithm", "student", "teacher", "seed")
 COUNT_WORDS = frozenset({"steps", "step", "episodes", "tokens", "rollouts", "samples", "turns", "count", "updates"})
 # the bench's rows that train nothing: the start, the start with privileged context in its prompt, the teacher
 REFERENCE_ROWS = ("warm_start", "warm_start+context", "teacher")
+# a code revision with uncommitted changes (`evaluation.runner.code_revision`): nobody can rerun that code
+DIRTY_SUFFIX = "+dirty"
 
 
 class RecordError(ValueError):
@@ -392,6 +394,27 @@ def _check_origin_link(record: dict[str, Any]) -> str | None:
         return ("field 'reproduces' names a rerun's original, but origin is not 'reproduced': set origin to "
                 "'reproduced' for a rerun, or drop 'reproduces' from a first result")
     return None
+
+
+def dirty_revisions(record: dict[str, Any]) -> list[str]:
+    """Each revision of the code behind a record that had uncommitted changes, as 'field revision'."""
+    found = []
+    if str(record.get("code_revision", "")).endswith(DIRTY_SUFFIX):
+        found.append(f"code_revision {record['code_revision']}")
+    training = (record.get("provenance") or {}).get("training") or {}
+    if str(training.get("code_revision", "")).endswith(DIRTY_SUFFIX):
+        found.append(f"provenance.training.code_revision {training['code_revision']}")
+    return found
+
+
+def dirty_problem(source: str, record: dict[str, Any]) -> str | None:
+    """Why a record from a tree with uncommitted changes is refused, with the fix; None for a clean one."""
+    dirty = dirty_revisions(record)
+    if not dirty:
+        return None
+    return (f"{source or 'record'}: made from a tree with uncommitted changes ({'; '.join(dirty)}): nobody can rerun "
+            "that code. Commit the changes and rerun from the clean checkout, or pass --allow-dirty to publish it "
+            "marked as from a dirty tree")
 
 
 def reproduces_id(record: dict[str, Any]) -> str:

@@ -15,9 +15,18 @@ the CLI parses them): a command that does not parse word for word, that sets a c
 writes (``WRITING_CONFIG_KEYS``, e.g. ``output_dir=/elsewhere``), or whose parsed outputs are not the rerun's
 folder is refused before anything runs.
 
+An eval record that carries the training behind its policy (``provenance.training``, from the checkpoint's
+``training.json``) is rerun in two phases: the training, from the record's resolved config (``agentgym-opd
+train --config``, into the rerun's folder, on CPU, up to the step the record evaluated), then the eval command
+against the new checkpoint (its ``--policy`` replaced). Every starting model the training names must be here
+with the same weights (`evaluation.training_provenance.starting_model_problems`), and the config must name no
+place to write (``WRITING_CONFIG_KEYS``), before anything runs. A bench record's rerun is its bench job, which
+trains too.
+
 The report: per metric, the old and new means and the difference in standard errors,
 ``z = (new - old) / sqrt(se_old^2 + se_new^2)``. A record made on CPU must reproduce exactly (every
-mean equal: exit 0, else 1); a GPU record is accepted when every |z| <= 2.
+mean equal, and the evaluated weights' hash equal where both records state one: exit 0, else 1); a GPU record
+(evaluated or trained on a GPU) is accepted when every |z| <= 2.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from evaluation.records import REFERENCE_ROWS, RecordError, protocol_label, reproduces_id, validate_record
 
@@ -133,8 +142,9 @@ def _check_writes_only_into(sub: str, args: argparse.Namespace, out_dir: Path) -
                           "nothing was run (a published command names no output location of its own)")
 
 
-def rerun_argv(record: dict[str, Any], out_dir: Path) -> list[str]:
-    """The argv (after ``python -m agentgym_opd.cli``) that reruns the record into ``out_dir`` on CPU."""
+def rerun_argv(record: dict[str, Any], out_dir: Path, *, policy: Path | None = None) -> list[str]:
+    """The argv (after ``python -m agentgym_opd.cli``) that reruns the record into ``out_dir`` on CPU; an eval
+    command's ``--policy`` is replaced by ``policy`` when given (the checkpoint a rerun training made)."""
     command = list((record.get("provenance") or {}).get("command") or [])
     if len(command) < 2 or command[0] != "agentgym-opd" or command[1] not in SUBCOMMANDS:
         raise RecordError(f"record has no reproducible command (provenance.command must start with "
@@ -149,6 +159,8 @@ def rerun_argv(record: dict[str, Any], out_dir: Path) -> list[str]:
         if record["algorithm"] not in REFERENCE_ROWS and "--no-references" not in args:
             args.append("--no-references")  # an algorithm's run does not depend on the reference rows
     else:
+        if policy is not None:
+            args = drop_option(args, "--policy", parser) + ["--policy", str(policy)]
         args += ["--out", str(out_dir / "record.json")]
     argv = [*args, "--device", "cpu", "--no-progress"]
     _check_writes_only_into(sub, parse_command(sub, argv), out_dir)
@@ -195,19 +207,79 @@ def format_report(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def reproduce(record: dict[str, Any], *, timeout_s: float = 3600, keep: Path | None = None) -> tuple[bool, dict[str, Any], list[dict[str, Any]]]:
+def retrains(record: dict[str, Any]) -> bool:
+    """Whether reproducing the record reruns its training first: an eval record whose provenance carries a
+    trainer's run config (a bench record's job trains by itself)."""
+    provenance = record.get("provenance") or {}
+    training, command = provenance.get("training"), provenance.get("command") or []
+    return (command[1:2] == ["eval"] and isinstance(training, dict)
+            and (training["command"] is None or training["command"][1] == "train"))
+
+
+def training_argv(record: dict[str, Any], out_dir: Path) -> tuple[list[str], Path]:
+    """The argv (after ``python -m agentgym_opd.cli``) that reruns the record's training into
+    ``out_dir/training`` on CPU, up to the step the record evaluated, and the checkpoint it will write.
+    Refused before anything runs: a starting model that is not here or has other weights, a config that names
+    a place to write (``WRITING_CONFIG_KEYS``)."""
+    from evaluation.training_provenance import starting_model_problems
+
+    training = record["provenance"]["training"]
+    problems = starting_model_problems(training)
+    config = json.loads(json.dumps(training["config"]))
+    for key in WRITING_CONFIG_KEYS[1:]:  # output_dir is replaced below
+        head, _, name = key.partition(".")
+        if (config.get(head) or {}).get(name):
+            problems.append(f"its config sets {key}={config[head][name]!r:.80}, a place to write outside the rerun's folder")
+    steps = training["budget"]["steps"] or (config.get("train") or {}).get("steps")
+    if not (isinstance(config.get("model"), dict) and isinstance(steps, int) and steps >= 1):
+        problems.append("its config has no model section or no step count to train to")
+    if problems:
+        raise RecordError(f"the record's training cannot be rerun here: {'; '.join(problems)}; nothing was run")
+    config["output_dir"] = str(out_dir / "training")
+    config["model"]["device"] = "cpu"
+    config["train"] = {**(config.get("train") or {}), "steps": steps}  # the loop's bound only: same steps up to it
+    path = out_dir / "training-config.json"
+    path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return ["train", "--config", str(path), "--no-progress"], out_dir / "training" / "checkpoints" / f"step_{steps}"
+
+
+def _run(argv: list[str], what: str, timeout_s: float) -> None:
+    full = [sys.executable, "-m", "agentgym_opd.cli", *argv]
+    proc = subprocess.run(full, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RecordError(f"the rerun's {what} failed (exit {proc.returncode}): agentgym-opd {' '.join(argv)}\n"
+                          f"{proc.stderr[-1500:]}")
+
+
+def weights_agree(old: dict[str, Any], new: dict[str, Any]) -> bool | None:
+    """Whether the rerun evaluated the same weights (``provenance.weights_sha256``); None when either lacks it."""
+    a, b = ((r.get("provenance") or {}).get("weights_sha256") for r in (old, new))
+    return None if a is None or b is None else a == b
+
+
+def reproduce(record: dict[str, Any], *, timeout_s: float = 3600, keep: Path | None = None,
+              log: Callable[[str], None] | None = None) -> tuple[bool, dict[str, Any], list[dict[str, Any]]]:
     """Rerun and compare: (reproduced?, the new record marked ``origin: reproduced`` and naming the record it
-    reruns in ``reproduces``, the comparison)."""
+    reruns in ``reproduces``, the comparison). ``log`` is told each phase as it starts."""
     validate_record(record)
+    say = log or (lambda line: None)
     with tempfile.TemporaryDirectory(prefix="agentgym-opd-reproduce-") as tmp:
         out = Path(keep or tmp)
-        argv = [sys.executable, "-m", "agentgym_opd.cli", *rerun_argv(record, out)]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-        if proc.returncode not in (0,):
-            raise RecordError(f"the rerun failed (exit {proc.returncode}): {' '.join(argv[3:])}\n{proc.stderr[-1500:]}")
+        out.mkdir(parents=True, exist_ok=True)
+        train, checkpoint = training_argv(record, out) if retrains(record) else (None, None)
+        argv = rerun_argv(record, out, policy=checkpoint)  # both checked before either runs
+        if train is not None:
+            say(f"phase 1/2, training (on cpu, to {checkpoint.name}): agentgym-opd {' '.join(train)}")
+            _run(train, "training", timeout_s)
+        say(f"{'phase 2/2, ' if train else ''}evaluation (on cpu): agentgym-opd {' '.join(argv)}")
+        _run(argv, "evaluation" if train is None else "evaluation of the retrained checkpoint", timeout_s)
         new = find_match(record, out)
     rows = compare(record, new)
     exact = all(r["old"] == r["new"] for r in rows)
-    device = (record.get("provenance") or {}).get("device", "cpu")
-    ok = exact if device == "cpu" else all(abs(r["z"]) <= 2 for r in rows)
+    provenance = record.get("provenance") or {}
+    trained_on_cpu = train is None or provenance["training"]["device"] == "cpu"
+    if provenance.get("device", "cpu") == "cpu" and trained_on_cpu:
+        ok = exact and weights_agree(record, new) is not False
+    else:
+        ok = all(abs(r["z"]) <= 2 for r in rows)
     return ok, {**new, "origin": "reproduced", "reproduces": reproduces_id(record)}, rows

@@ -218,8 +218,10 @@ def test_reproduce_reruns_a_cpu_record_and_gets_the_same_numbers(tmp_path):
     # a rerun is published only beside the record it reproduces: refused before anything runs, then accepted
     early = subprocess.run(CLI + ["leaderboard", "--root", str(root), "reproduce", str(path), "--add"], capture_output=True, text=True)
     assert early.returncode == 2 and "publish it first" in early.stderr and "nothing was run" in early.stderr, early.stderr
-    assert subprocess.run(CLI + ["leaderboard", "--root", str(root), "add", str(path), "--no-build"]).returncode == 0
-    ok = subprocess.run(CLI + ["leaderboard", "--root", str(root), "reproduce", str(path), "--add"], capture_output=True, text=True)
+    # --allow-dirty: the record states this checkout's revision, which is +dirty while work is uncommitted
+    assert subprocess.run(CLI + ["leaderboard", "--root", str(root), "add", str(path), "--no-build", "--allow-dirty"]).returncode == 0
+    ok = subprocess.run(CLI + ["leaderboard", "--root", str(root), "reproduce", str(path), "--add", "--allow-dirty"],
+                        capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr + ok.stdout
     assert "same numbers" in ok.stdout and "success_rate" in ok.stdout
     reproduced = [r for r in Leaderboard(root).load_records() if r.get("origin") == "reproduced"]
@@ -373,7 +375,7 @@ def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
     cli(*command, "--out", "rec.json")
     cli("leaderboard", "stamp", "rec.json", "--command", " ".join(["agentgym-opd", *command]))
     shutil.copytree(COMMITTED, tmp_path / "lb")
-    cli("leaderboard", "--root", "lb", "add", "rec.json")
+    cli("leaderboard", "--root", "lb", "add", "rec.json", "--allow-dirty")  # this checkout may have uncommitted work
     record = json.loads((tmp_path / "rec.json").read_text())
     assert record["algorithm"] == "my_opd" and record["budget"]["rollout_episodes"] == 4  # 2 steps x 2 tasks
     assert record["student"] == "household-student-64x2-1000steps"  # named as the bench's rows, not by a path

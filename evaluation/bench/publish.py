@@ -7,7 +7,8 @@ differs from a published record of the same run refuses the import before anythi
 
 - ``provenance``: package versions, the hash of the evaluated tasks (the bench's own task selection),
   the chat-template and weights hashes of the evaluated checkpoint, the bench command that reproduces
-  it (rebuilt from the bench's settings), the seeds and the device;
+  it (rebuilt from the bench's settings), the seeds and the device; for a trained run also ``training``
+  (`evaluation.training_provenance.bench_training`: the job's config, starting models and their hashes);
 - ``budget``: the run's rollout episodes and the agent tokens it generated in training (summed from
   its ``metrics.jsonl``);
 - ``episodes`` (held-out split only, ``--episodes`` of them): the first evaluation episodes replayed
@@ -25,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from evaluation.records import REFERENCE_ROWS, RecordError
+from evaluation.records import REFERENCE_ROWS, RecordError, dirty_problem
 
 # algorithms whose teacher, at the end of training, is exactly a checkpoint the bench keeps
 TEACHER_FROM_CHECKPOINT = ("opd", "sage_opd")
@@ -175,7 +176,7 @@ def _unchanged_by(base: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[str
 
 
 def import_bench(out_dir: str | Path, board: Any, *, command: list[str] | None = None, episodes: int = 3,
-                 log: Callable[[str], None] = print) -> list[Path]:
+                 log: Callable[[str], None] = print, allow_dirty: bool = False) -> list[Path]:
     """Stamp and publish every record of a finished bench that is not published yet; returns the files written.
 
     Everything is checked before anything is written: a record whose result is already published is
@@ -184,17 +185,22 @@ def import_bench(out_dir: str | Path, board: Any, *, command: list[str] | None =
     run refuses the whole import. The comparison leaves out the kept episode traces, which are replayed
     illustrations (a GPU replays them within rounding), not the result, and what a second measurement of
     the same thing changes (``RERUN_FIELDS``; the bench command, its seed list and package versions): the
-    numbers, settings, protocol, task and weights hashes must be equal."""
+    numbers, settings, protocol, task and weights hashes must be equal. A new record from a tree with
+    uncommitted changes refuses the import unless ``allow_dirty`` (`evaluation.records.dirty_problem`)."""
     out = Path(out_dir)
     summary, settings = _finished_bench(out)
     records = sorted(((str(path), board.read_record(path)) for path in (out / "records").glob("*.json")), key=_model_order)
     # a bench file that already clashes with the board fails here, before any model is loaded
-    board.plan(records, skip_published=True, ignore=_unchanged_by(IMPORTED_FIELDS + RERUN_FIELDS)).check(fix=IMPORT_FIX)
+    first = board.plan(records, skip_published=True, ignore=_unchanged_by(IMPORTED_FIELDS + RERUN_FIELDS))
+    first.check(fix=IMPORT_FIX)
+    dirty = [p for p in (dirty_problem(source, record) for source, record in first.new) if p] if not allow_dirty else []
+    if dirty:
+        raise RecordError(f"{len(dirty)} record(s) refused, nothing was published:\n  " + "\n  ".join(dirty))
     argv = command or bench_command(summary["settings"])
     load = _policy_loader(settings)
     stamped = [(source, _stamp(out, record, settings, argv, load)) for source, record in records]
     plan = board.plan(stamped, skip_published=True, ignore=_unchanged_by(
-        ("episodes", "provenance.command", "provenance.seeds", "provenance.packages") + RERUN_FIELDS))
+        ("episodes", "provenance.command", "provenance.seeds", "provenance.packages", "provenance.training") + RERUN_FIELDS))
     plan.check(fix=IMPORT_FIX)
     for source, path in plan.already:
         log(f"already published: {source} as {path}")
@@ -266,7 +272,11 @@ def _stamp(out: Path, record: dict[str, Any], settings: Any, argv: list[str], lo
     record["provenance"] = collect(tasks_sha=tasks_sha, seeds=settings.seeds, command=argv, policy=policy,
                                    device=_device(settings))
     if record["algorithm"] not in REFERENCE_ROWS:
+        from evaluation.training_provenance import bench_training
+
         record["budget"] = {"rollout_episodes": settings.budget, "tokens": training_tokens(out, record)}
+        record["provenance"]["training"] = bench_training(out, record, settings, argv, _device(settings),
+                                                          record["budget"]["tokens"])
     record["origin"] = "original"
     return validate_record(record)
 
