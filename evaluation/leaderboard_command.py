@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub_.add_argument("--name", required=True, help="the lab or method submitting (names the folder)")
     sub_.add_argument("--out", default=None, help="the folder to write (default: submissions/NAME); must not exist "
                                                   "or be empty")
+    sub_.add_argument("--allow-dirty", action="store_true",
+                      help="submit records made from a tree with uncommitted changes (code_revision ending +dirty); "
+                           "the maintainer then adds them with --allow-dirty, marked as such")
     imp = sub.add_parser("import-bench", help="publish a finished bench's records with provenance and episodes "
                                               "(records already published are skipped: safe to rerun)")
     imp.add_argument("output_dir", help="the bench's --output-dir")
@@ -150,12 +153,13 @@ def _warn_unregistered(items: list[tuple[str, dict]]) -> None:
 def _submit(board: Leaderboard, args: argparse.Namespace) -> int:
     from evaluation.leaderboard_submit import submit
 
-    folder, changes = submit(board, args.records, args.name, args.out)
+    folder, changes = submit(board, args.records, args.name, args.out, allow_dirty=args.allow_dirty)
     for change in changes:
         print(f"{change.table.track.title if change.table.track else change.table.family}: "
               f"{len(change.methods)} row(s){' (a new track)' if change.new_track else ''}")
     print(f"wrote {folder}: open a pull request with it, SUBMISSION.md as its description; after review, "
-          f"`agentgym-opd leaderboard add {folder}/records/*.json` publishes the records")
+          f"`agentgym-opd leaderboard add {folder}/records/*.json{' --allow-dirty' if args.allow_dirty else ''}` "
+          "publishes the records")
     return 0
 
 

@@ -2,8 +2,11 @@
 checked in full and laid out as the folder of a pull request.
 
 A maintainer publishes what a reviewer could check. So every record is refused unless it validates, carries
-provenance whose command `leaderboard reproduce` can rerun and that agrees with the record (`provenance_problems`),
-keeps its per-task ``outcomes`` (without them no row can be paired with it), and can join the published board
+provenance whose command `leaderboard reproduce` can rerun and that agrees with the record (`provenance_problems`;
+a record that states the training behind its policy, ``provenance.training``, is retrained by reproduce, so its
+config must be one reproduce reruns and every starting model that is here must have the stated weights),
+keeps its per-task ``outcomes`` (without them no row can be paired with it), was made from a committed tree
+(`records.dirty_problem`, as `add` refuses it; ``--allow-dirty`` as for add), and can join the published board
 (`Leaderboard.plan`: not already published, no other result for the same run). Every problem of every record
 is reported at once, with its fix, and nothing is written.
 
@@ -101,7 +104,44 @@ def provenance_problems(record: dict[str, Any]) -> list[str]:
             problems += _eval_command_problems(record)
         except RecordError as err:
             problems.append(str(err))
-    return problems
+    return problems + _training_problems(record)
+
+
+def unavailable_models(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The starting models of a record's training (``provenance.training``) that are neither named models nor
+    folders here: a reviewer must fetch them before `reproduce` can retrain it."""
+    from agentgym_opd.policy.loading import is_named_model
+    from evaluation.reproduce import retrains
+
+    if not retrains(record):
+        return []
+    return [m for m in record["provenance"]["training"]["models"]
+            if not is_named_model(m["name"]) and not Path(m["name"]).expanduser().is_dir()]
+
+
+def _training_problems(record: dict[str, Any]) -> list[str]:
+    """Why `reproduce` could not retrain a record that states its training, as far as this machine can tell: a
+    config it refuses, a starting model here with other weights than the record's. A starting model that is
+    not here is no problem of the record (SUBMISSION.md asks the reviewer to fetch it)."""
+    from evaluation.reproduce import retrains, training_argv
+
+    if not retrains(record):
+        return []
+    missing = {m["name"] for m in unavailable_models(record)}
+    training = record["provenance"]["training"]
+    if missing:  # training_argv would stop at them: check the rest of what it checks
+        here = {**training, "models": [m for m in training["models"] if m["name"] not in missing]}
+        from evaluation.training_provenance import starting_model_problems
+
+        problems = starting_model_problems(here)
+        return [f"{p}; the record's training must start from the models it names" for p in problems]
+    with tempfile.TemporaryDirectory(prefix="agentgym-opd-submit-") as tmp:
+        try:
+            training_argv(record, Path(tmp))
+        except RecordError as err:
+            return [f"{err}; the record's training must start from the models it names, as `agentgym-opd train` "
+                    "writes it"]
+    return []
 
 
 def _eval_command_problems(record: dict[str, Any]) -> list[str]:
@@ -165,9 +205,11 @@ def _plain_disagreements(record: dict[str, Any], args: Any, n_tasks: int | None)
     return problems
 
 
-def check_submission(board: Leaderboard, paths: list[str]) -> list[tuple[str, dict[str, Any]]]:
+def check_submission(board: Leaderboard, paths: list[str], *, allow_dirty: bool = False) -> list[tuple[str, dict[str, Any]]]:
     """``(file, record)`` of every submitted record, each checked (module docstring) against the published board
     and the others; one RecordError listing every problem of every record otherwise."""
+    from evaluation.records import dirty_problem
+
     items, problems = [], []
     for path in submitted_files(paths):
         try:
@@ -176,6 +218,8 @@ def check_submission(board: Leaderboard, paths: list[str]) -> list[tuple[str, di
             problems.append(str(err))
             continue
         items.append((str(path), record))
+        dirty = None if allow_dirty else dirty_problem(str(path), record)
+        problems += [dirty] if dirty else []
         problems += [f"{path}: {p}" for p in provenance_problems(record)]
     plan = board.plan(items)
     problems += plan.problems
@@ -255,16 +299,20 @@ def submission_markdown(board: Leaderboard, name: str, folder: str, items: list[
     """SUBMISSION.md: the pull request's body (module docstring). Every text from a record is escaped."""
     from agentgym_opd.registry import algorithm_registry
     from evaluation.leaderboard_ranks import rank_groups
-    from evaluation.records import REFERENCE_ROWS
-    from evaluation.reproduce import rerun_argv
+    from evaluation.records import REFERENCE_ROWS, dirty_revisions
+    from evaluation.reproduce import rerun_argv, retrains
     from evaluation.runner import SCRIPTED_AGENTS
 
-    records_glob = f"{folder}/records/*.json"
+    dirty = [record for _, record in items if dirty_revisions(record)]
+    records_glob = f"{folder}/records/*.json" + (" --allow-dirty" if dirty else "")
     lines = [f"# Leaderboard submission: {md_cell(name)}", "",
              f"{len(items)} record(s), checked by `agentgym-opd leaderboard submit` against the published board "
              f"({md_cell(board.root)}, {len(board.load_records())} records): schema, provenance that reruns and agrees "
              "with each record, per-task outcomes, no clash with a published record. After review a maintainer "
              "publishes them with", "", "```", f"agentgym-opd leaderboard add {records_glob}", "```", ""]
+    if dirty:
+        lines += [f"**{len(dirty)} record(s) were made from a tree with uncommitted changes** (their revision ends "
+                  "+dirty): nobody can rerun that code exactly, and they are published marked so.", ""]
     for change in changes:
         table = change.table
         lines += [f"## Track: {md_cell(table.track.title if table.track else table.family)}", ""]
@@ -297,6 +345,13 @@ def submission_markdown(board: Leaderboard, name: str, folder: str, items: list[
         path = f"{folder}/records/{rid}.json"
         note = "" if record["algorithm"] in registered else (
             f" **Algorithm {md_cell(record['algorithm'])} is not registered here**: the rerun needs its plugin installed.")
+        if retrains(record):
+            training = record["provenance"]["training"]
+            note += (f" Reproduce retrains it first (the config in provenance.training, on CPU, to step "
+                     f"{md_cell(training['budget']['steps'])}), then evaluates the new checkpoint.")
+            note += "".join(f" **The reviewer needs its {md_cell(m['role'])} {md_cell(m['name'])}** (weight files sha256 "
+                            f"{md_cell(m['sha256'] or 'not stated')}): not on the machine that checked it."
+                            for m in unavailable_models(record))
         lines += [f"- `{rid}.json` (from {md_cell(Path(source).name)}): {md_cell(record['algorithm'])} on "
                   f"{md_cell(record['env_id'])}, seed {record['seed']}, {record['n_episodes']} episodes, student "
                   f"{md_cell(record['student'])}, teacher {md_cell(record['teacher'] or 'none')}, made on "
@@ -330,7 +385,8 @@ def preview_markdown(board: Leaderboard, changes: list[TrackChange]) -> str:
     return "\n".join(lines)
 
 
-def submit(board: Leaderboard, paths: list[str], name: str, out: str | Path | None = None) -> tuple[Path, list[TrackChange]]:
+def submit(board: Leaderboard, paths: list[str], name: str, out: str | Path | None = None, *,
+           allow_dirty: bool = False) -> tuple[Path, list[TrackChange]]:
     """Check the records (``check_submission``) and write the submission folder; (the folder, its tracks)."""
     if not NAME.fullmatch(name):
         raise RecordError(f"--name {name[:80]!r} must be 1-64 letters, digits, '.', '_' or '-' starting with a letter "
@@ -342,7 +398,7 @@ def submit(board: Leaderboard, paths: list[str], name: str, out: str | Path | No
     if folder.resolve().is_relative_to(board.root.resolve()):
         raise RecordError(f"--out {folder} is inside the published board {board.root}; a submission is written beside "
                           "it, never into it")
-    items = check_submission(board, paths)
+    items = check_submission(board, paths, allow_dirty=allow_dirty)
     records = [record for _, record in items]
     changes = track_changes(board, records)
     folder.parent.mkdir(parents=True, exist_ok=True)

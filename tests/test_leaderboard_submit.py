@@ -106,9 +106,10 @@ def test_every_problem_of_every_record_is_named_at_once_and_nothing_is_written(t
     other_seed = copy.deepcopy(submitted[0])
     other_seed["seed"] = 7
     no_provenance = {k: v for k, v in submitted[0].items() if k != "provenance"}
+    dirty = {**submitted[0], "code_revision": submitted[0]["code_revision"] + "+dirty"}
     lab = write(tmp_path / "lab", {"a_no_outcomes.json": no_outcomes, "b_other_command.json": other_command,
                                    "c_other_seed.json": other_seed, "d_published.json": submitted[1],
-                                   "e_no_provenance.json": no_provenance})
+                                   "e_no_provenance.json": no_provenance, "f_dirty.json": dirty})
     out = tmp_path / "sub"
     assert submit_cli(board, str(lab), "--name", "x", "--out", str(out)) == 2
     err = capsys.readouterr().err
@@ -117,7 +118,8 @@ def test_every_problem_of_every_record_is_named_at_once_and_nothing_is_written(t
                           ("b_other_command.json", "n_episodes (record: 6, command: 9 = 9 tasks"),
                           ("c_other_seed.json", "do not include the record's seed 7"),
                           ("d_published.json", "duplicate record: identical content is already published"),
-                          ("e_no_provenance.json", "no 'provenance'")]:
+                          ("e_no_provenance.json", "no 'provenance'"),
+                          ("f_dirty.json", "made from a tree with uncommitted changes")]:
         line = next((x for x in err.splitlines() if file in x and problem in x), None)
         assert line is not None, f"{file}: {problem!r} not in\n{err}"
     assert "leaderboard stamp" in err  # and the fix
@@ -166,3 +168,20 @@ def test_names_from_a_record_cannot_forge_markup_or_rows_in_the_pull_requests_bo
     assert "<img" not in text and "](javascript" not in text
     row = next(line for line in text.splitlines() if line.startswith("| ") and "forged" in line)
     assert len(re.findall(r"(?<!\\)\|", row)) == 9  # the table's 8 cells, none added by the name
+
+
+def test_a_records_training_must_start_from_the_weights_it_names_and_a_model_not_here_is_left_to_the_reviewer(tmp_path):
+    from evaluation.leaderboard_submit import provenance_problems, submission_markdown, track_changes
+    from test_training_provenance import training, with_training
+
+    here = with_training(make_record(), training())  # starts from `tiny`, which is here with other weights
+    assert any("student 'tiny' here has other weights" in p for p in provenance_problems(here))
+    far = with_training(make_record(), training(models=[{"role": "student", "name": "/nowhere/lab-student",
+                                                         "sha256": "b" * 64}]))
+    assert not any("lab-student" in p for p in provenance_problems(far))  # not the record's fault
+    far["code_revision"] += "+dirty"  # submitted with --allow-dirty
+    board = Leaderboard(tmp_path / "lb")
+    text = submission_markdown(board, "lab", "sub", [("r.json", far)], track_changes(board, [far]))
+    assert "The reviewer needs its student /nowhere/lab-student** (weight files sha256 " + "b" * 64 in text
+    assert "Reproduce retrains it first" in text and "to step 2" in text
+    assert "agentgym-opd leaderboard add sub/records/*.json --allow-dirty" in text and "uncommitted changes" in text
