@@ -240,7 +240,8 @@ def test_a_killed_build_process_resumes_to_identical_weights(monkeypatch, tmp_pa
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            if int(progress.read_text().strip() or 0) >= 3:
+            done, total = (float(x) for x in progress.read_text().strip().split("/"))
+            if done / total >= 3 / changes["steps"]:  # 3 steps in: the games are recorded already
                 break
         except (OSError, ValueError):
             pass
@@ -279,3 +280,22 @@ def test_the_env_takes_recorded_demonstrations_as_privileged(tmp_path):
     assert "demonstration" not in make("alfworld/train").get_task(first).privileged
     with pytest.raises(FileNotFoundError, match="recorded-games file"):
         make("alfworld/train", demonstrations=str(tmp_path / "none.jsonl"))
+
+
+def test_build_progress_counts_recording_and_steps_in_forecast_seconds(monkeypatch, tmp_path):
+    """A parent's bar moves during the half hour of recording games, not only during training steps."""
+    from evaluation.bench.jobs import BaseModelJob, _steps_done
+
+    monkeypatch.setattr(ap, "cache_root", lambda: tmp_path / "cache")
+    spec = dataclasses.replace(ap.AlfworldPairSpec("student"), steps=40, train_tasks=300)
+    file = tmp_path / "run" / "base_builds" / "warm_start.progress"
+    file.parent.mkdir(parents=True)
+    progress = ap.BuildProgress(spec, file)  # the games are not recorded: recording is part of the build
+    job = BaseModelJob("warm_start", spec)
+    progress.recorded(150)  # half of the games recorded
+    half_recorded = _steps_done(job, tmp_path / "run")
+    assert 0 < half_recorded < spec.steps / 2
+    progress.trained(20)
+    assert half_recorded < _steps_done(job, tmp_path / "run") < spec.steps
+    progress.trained(40)
+    assert _steps_done(job, tmp_path / "run") == spec.steps

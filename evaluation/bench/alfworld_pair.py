@@ -118,6 +118,27 @@ def estimated_build_seconds(spec: AlfworldPairSpec, *, recorded: bool = False) -
     return (0.0 if recorded else spec.train_tasks * RECORD_SECONDS_PER_GAME) + train
 
 
+class BuildProgress:
+    """A build's progress for a parent process's bar (``progress_file``): "seconds done/seconds total" of the
+    forecast, so the half hour of recording games moves the bar as the training steps do. No file: no-op."""
+
+    def __init__(self, spec: AlfworldPairSpec, file: Path | None) -> None:
+        self.file, self.spec = file, spec
+        self.step_s = estimated_build_seconds(spec, recorded=True) / max(spec.steps, 1)
+        self.recording_s = 0.0 if games_path(spec).is_file() else spec.train_tasks * RECORD_SECONDS_PER_GAME
+        self.total_s = self.recording_s + spec.steps * self.step_s
+
+    def write(self, done_s: float) -> None:
+        if self.file is not None:
+            self.file.write_text(f"{min(done_s, self.total_s):.0f}/{self.total_s:.0f}\n", encoding="utf-8")
+
+    def recorded(self, games: int) -> None:
+        self.write(games * RECORD_SECONDS_PER_GAME)
+
+    def trained(self, steps: int) -> None:
+        self.write(self.recording_s + steps * self.step_s)
+
+
 # ---------------------------------------------------------------------------------------------- cache
 def cache_root() -> Path:
     from agentgym_opd.policy.tiny import cache_dir
@@ -174,8 +195,8 @@ def games_path(spec: AlfworldPairSpec) -> Path:
     return cache_root() / f"alfworld-games-{key}.jsonl"
 
 
-def recorded_train_games(spec: AlfworldPairSpec, *, progress: bool = True,
-                         log: Callable[[str], None] = print) -> list[Any]:
+def recorded_train_games(spec: AlfworldPairSpec, *, progress: bool = True, log: Callable[[str], None] = print,
+                         build_progress: BuildProgress | None = None) -> list[Any]:
     """The train games played by the observable expert and along their walkthroughs, recorded; cached
     (`games_path`, shared by every spec: student and teacher record once). Each game's
     ``privileged["demonstration"]`` is the expert's actions (empty where it failed within RECORD_TURNS)."""
@@ -195,7 +216,9 @@ def recorded_train_games(spec: AlfworldPairSpec, *, progress: bool = True,
         recorder = RecordingEnv(env)
         log(f"recording {len(ids)} ALFWorld train games (the observable expert and the walkthrough; "
             f"~{len(ids) * RECORD_SECONDS_PER_GAME / 60:.0f} min once, cached in {path})")
-        for task_id in tqdm(ids, desc="recording ALFWorld games", unit="game", disable=not progress):
+        for done, task_id in enumerate(tqdm(ids, desc="recording ALFWorld games", unit="game", disable=not progress)):
+            if build_progress is not None:
+                build_progress.recorded(done)
             run = play(recorder, task_id, prior=prior, max_turns=RECORD_TURNS)
             game = recorder.games[task_id]
             game.privileged["demonstration"] = run.actions if run.success else []
@@ -353,7 +376,7 @@ def save_checkpoint(model: Any, optimiser: Any, step: int, losses: list[float], 
 
 
 def train(model: Any, examples: list[tuple[list[int], list[int]]], spec: AlfworldPairSpec, folder: Path, *,
-          progress: bool = True, progress_file: Path | None = None, stop_after: int | None = None,
+          progress: bool = True, build_progress: BuildProgress | None = None, stop_after: int | None = None,
           log: Callable[[str], None] = print) -> list[float]:
     """AdamW on next-token cross-entropy over the agent's tokens (`base_training.accumulate_batch_gradient`), the
     household pair's warm-up and cosine schedule, resumed from ``folder/checkpoint.pt`` if there is one.
@@ -387,8 +410,8 @@ def train(model: Any, examples: list[tuple[list[int], list[int]]], spec: Alfworl
         bar.update(1)
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
         done = step + 1
-        if progress_file is not None:
-            progress_file.write_text(f"{done}\n", encoding="utf-8")
+        if build_progress is not None:
+            build_progress.trained(done)
         if done < spec.steps and (done % spec.checkpoint_every == 0 or done == stop_after):
             save_checkpoint(model, optimiser, done, losses, folder)
         if done == stop_after:
@@ -419,8 +442,9 @@ def build_pair_model(spec: AlfworldPairSpec, *, progress: bool = True, log: Call
             f"~{estimated_build_seconds(spec) / 60:.0f} min on one core) into {final}"
             + (" (resuming)" if (partial / "checkpoint.pt").is_file() else ""))
         model, tokenizer = load_base(spec)
-        examples = _examples(spec, model, tokenizer, partial, progress=progress, log=log)
-        losses = train(model, examples, spec, partial, progress=progress, progress_file=progress_file,
+        build_progress = BuildProgress(spec, progress_file)
+        examples = _examples(spec, model, tokenizer, partial, progress=progress, log=log, build_progress=build_progress)
+        losses = train(model, examples, spec, partial, progress=progress, build_progress=build_progress,
                        stop_after=stop_after, log=log)
         if len(losses) < spec.steps:
             raise BuildStopped(f"stopped after step {len(losses)} (checkpoint in {partial})")
@@ -433,14 +457,14 @@ def build_pair_model(spec: AlfworldPairSpec, *, progress: bool = True, log: Call
 
 
 def _examples(spec: AlfworldPairSpec, model: Any, tokenizer: Any, partial: Path, *, progress: bool,
-              log: Callable[[str], None]) -> list[tuple[list[int], list[int]]]:
+              log: Callable[[str], None], build_progress: BuildProgress | None = None) -> list[tuple[list[int], list[int]]]:
     """The build's examples: read back from its folder when resuming, else made and saved before training."""
     from agentgym_opd.policy.hf import HFPolicy
 
     saved = partial / "examples.json"
     if saved.is_file():
         return [tuple(e) for e in json.loads(saved.read_text(encoding="utf-8"))["examples"]]
-    games = recorded_train_games(spec, progress=progress, log=log)
+    games = recorded_train_games(spec, progress=progress, log=log, build_progress=build_progress)
     examples, counts = training_examples(HFPolicy(model, tokenizer), spec, games, progress=progress)
     mean = sum(len(e[0]) for e in examples) / len(examples)
     log(f"{spec.name}: {len(examples)} examples, mean {mean:.0f} tokens; {counts}")

@@ -264,9 +264,13 @@ def _job_forecast(job: Any, settings: BenchSettings, n_eval_envs: int) -> tuple[
 def _steps_done(job: Any, out: Path) -> int:
     """Progress of a running job as seen from outside: the lines its trainer has logged so far, or the steps a
     base model's build has written to its progress file."""
-    if isinstance(job, BaseModelJob):
+    if isinstance(job, BaseModelJob):  # "N" steps, or "done/total" (a build that also records games) as steps
         try:
-            return int((out / "base_builds" / f"{job.name}.progress").read_text(encoding="utf-8").strip() or 0)
+            text = (out / "base_builds" / f"{job.name}.progress").read_text(encoding="utf-8").strip() or "0"
+            if "/" in text:
+                done, total = (float(x) for x in text.split("/", 1))
+                return int(job.spec.steps * done / total) if total > 0 else 0
+            return int(text)
         except (OSError, ValueError):
             return 0
     if not isinstance(job, RunJob):
