@@ -386,7 +386,10 @@ def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
     assert " * " not in row and row.endswith("| same as bench |"), row
     assert "my_opd" in (tmp_path / "lb" / "index.html").read_text()
     again = cli("leaderboard", "reproduce", "rec.json")
-    assert "same numbers" in again.stdout
+    # the record carries the training behind it (the checkpoint's training.json): reproduce retrains, then evaluates
+    assert record["provenance"]["training"]["models"][0]["name"] == "household-student"
+    assert "phase 1/2, training (on cpu, to step_2)" in again.stdout
+    assert "same numbers" in again.stdout and "weights: same as the record's" in again.stdout
 
 
 # ----------------------------------------------------------------------------------------------------
