@@ -218,7 +218,9 @@ def test_every_relative_link_reaches_a_file_and_its_heading():
 def repository_paths_named(path: Path) -> set[str]:
     """Files and folders of this repository a page names in inline code (`evaluation/records.py`,
     `tests/test_x.py::test_y`, `configs/`): spans whose first folder is one at the repository's top level."""
-    top = {p.name for p in ROOT.iterdir()}
+    # the tracked top level only: a user's own `runs/` or `.cache/` (ignored by git) holds outputs, not repository files
+    top = {p.name for p in ROOT.iterdir()
+           if subprocess.run(["git", "check-ignore", "-q", p.name], cwd=ROOT).returncode != 0}
     named = set()
     for span in re.findall(r"`([^`\s]+)`", path.read_text()):
         candidate = span.split("::")[0]
