@@ -257,7 +257,8 @@ class Leaderboard:
                  "ranks only within its track): the primary metric per split as mean [95% interval], the interval "
                  f"being {interval_words()}; n: the episodes behind the ranking split's cell. {paired_words()} "
                  "A `*` after a name marks a row whose evaluation protocol differs from the bench's, or that was "
-                 "evaluated on other tasks than the bench's record of the same split and seed; `(reproduced)` a rerun.", ""]
+                 "evaluated on other tasks than the bench's record of the same split and seed; `(reproduced)` a rerun; `(dirty tree)` a row with a record "
+                 "made from uncommitted code (published with --allow-dirty).", ""]
         tables = self.family_tables(rows)
         for table in [t for t in tables if not is_zero_shot(t)]:
             lines += self.ranked_markdown(table)
@@ -300,7 +301,8 @@ class Leaderboard:
         lines.append("| " + " | ".join(md_cell(h) for h in head) + " |")
         lines.append("|" + "|".join("---" for _ in head) + "|")
         for group, m in zip(rank_groups(table), table.methods):
-            name = m.display + (" *" if m.protocol_differs else "") + (" (reproduced)" if m.reproduced else "")
+            name = (m.display + (" *" if m.protocol_differs else "") + (" (reproduced)" if m.reproduced else "")
+                    + (" (dirty tree)" if m.dirty else ""))
             episodes, tokens = m.budget
             ranking = m.by_env.get(table.ranking_env)
             diffs = reference_differences(table, m)
@@ -349,7 +351,7 @@ class Leaderboard:
         writer.writerow(["env_family", "env_id", "split", "algorithm", "protocol", "student", "teacher", "seeds", "n_episodes",
                          "rollout_episodes", "tokens", "origin"]
                         + [f"{m}{s}" for m in metrics for s in ("", "_stderr", "_ci95_low", "_ci95_high")]
-                        + list(TRACK_CSV_COLUMNS))
+                        + ["dirty_tree"] + list(TRACK_CSV_COLUMNS))
         tracks = track_csv_cells(rows)
         for r in rows:
             values: list[Any] = []
@@ -361,7 +363,7 @@ class Leaderboard:
                              [env_family(r.env_id), r.env_id, r.split, r.algorithm, r.protocol, r.student, r.teacher or "",
                               " ".join(map(str, r.seeds)), r.n_episodes, "" if episodes is None else episodes,
                               "" if tokens is None else tokens, " ".join(sorted(set(r.origins)))]] + values
-                            + [csv_cell(x) for x in tracks[id(r)]])
+                            + ["yes" if r.dirty else ""] + [csv_cell(x) for x in tracks[id(r)]])
         return buf.getvalue()
 
     def outputs(self) -> dict[Path, str]:

@@ -120,7 +120,9 @@ def _ranked_table(board: "Leaderboard", table: "FamilyTable", index: int) -> lis
         cls = ' class="differs"' if m.protocol_differs else ""
         title = (" title=\"evaluated on other tasks than the bench's\"" if m.other_tasks else
                  " title=\"evaluated under another protocol than the bench's\"" if m.protocol_differs else "")
-        name = escape(m.display) + (' <span class="ci">(reproduced)</span>' if m.reproduced else "")
+        name = (escape(m.display) + (' <span class="ci">(reproduced)</span>' if m.reproduced else "")
+                + (' <span class="ci" title="made from a tree with uncommitted changes">(dirty tree)</span>'
+                   if m.dirty else ""))
         cells = [f'<td class="rankcol" data-sort="{rank}">{escape(group)}</td>', f'<td class="name"{title}>{name}</td>']
         for env_id in table.env_ids:
             r = m.by_env.get(env_id)

@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from evaluation.records import (BENCH_CONTEXT_TOKENS, REFERENCE_ROWS, env_args_label, env_family, is_rate,
-                                lower_is_better, protocol_label, record_id)
+from evaluation.records import (BENCH_CONTEXT_TOKENS, REFERENCE_ROWS, dirty_revisions, env_args_label, env_family,
+                                is_rate, lower_is_better, protocol_label, record_id)
 from evaluation.leaderboard_tracks import BENCH_PROTOCOL, Track, assign_tracks
 
 # the headline metric of an env family, where it is not success
@@ -115,6 +115,7 @@ class Row:
     outcomes: dict[tuple[int, str], float] = field(default_factory=dict)  # (seed, task) -> success, where recorded
     pooled: dict[str, tuple[float, int]] = field(default_factory=dict)  # rate metric -> (sum over episodes, episodes)
     training: dict[str, dict[str, float]] = field(default_factory=dict)  # record id -> its `training` diagnostics
+    dirty: bool = False  # a record behind it was made from a tree with uncommitted changes (add --allow-dirty)
 
     @property
     def display_algorithm(self) -> str:
@@ -172,6 +173,10 @@ class Method:
     def reproduced(self) -> bool:
         return any("reproduced" in r.origins for r in self.by_env.values())
 
+    @property
+    def dirty(self) -> bool:
+        return any(r.dirty for r in self.by_env.values())
+
 
 @dataclass
 class FamilyTable:
@@ -219,6 +224,7 @@ def aggregate_rows(records: list[dict[str, Any]]) -> list[Row]:
         row.episodes = {rid: r["episodes"] for rid, r in zip(row.record_ids, recs) if r.get("episodes")}
         row.training = {rid: r["training"] for rid, r in zip(row.record_ids, recs) if r.get("training")}
         row.tasks = {r["seed"]: r["provenance"]["tasks_sha256"] for r in recs if r.get("provenance")}
+        row.dirty = any(dirty_revisions(r) for r in recs)
         rows.append(row)
     return rows
 

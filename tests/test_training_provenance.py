@@ -4,6 +4,8 @@ a dirty tree is refused unless marked, and `leaderboard reproduce` reruns the tr
 from __future__ import annotations
 
 import copy
+import csv
+import io
 import json
 import subprocess
 import sys
@@ -92,6 +94,12 @@ def test_add_refuses_a_record_from_a_dirty_tree_and_allow_dirty_publishes_it_mar
     assert main(["leaderboard", "--root", str(root), "add", "--allow-dirty", str(clean), str(dirty), str(trained_dirty)]) == 0
     published = sorted(r["code_revision"] for r in Leaderboard(root).load_records())
     assert published == ["abc1234", "abc1234", "abc1234+dirty"]  # the mark is kept in what is published
+    # ... and shown: the rows behind a dirty record say so in the Markdown, the page and the CSV
+    board = Leaderboard(root)
+    outputs = {path.name: text for path, text in board.outputs().items()}
+    assert "(dirty tree)" in outputs["LEADERBOARD.md"] and "(dirty tree)" in outputs["index.html"]
+    table = list(csv.DictReader(io.StringIO(outputs["leaderboard.csv"])))
+    assert {row["dirty_tree"] for row in table} == {"yes"}  # every row pools the dirty seed
 
 
 def test_reproduce_refuses_before_anything_runs_when_a_starting_model_is_missing_or_differs(tmp_path, capsys):
