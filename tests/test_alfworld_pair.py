@@ -299,3 +299,21 @@ def test_build_progress_counts_recording_and_steps_in_forecast_seconds(monkeypat
     assert half_recorded < _steps_done(job, tmp_path / "run") < spec.steps
     progress.trained(40)
     assert _steps_done(job, tmp_path / "run") == spec.steps
+
+
+def test_a_rejected_expert_command_leaves_the_state_whose_admissible_commands_the_mistakes_use():
+    """ALFWorld answers a command it rejects with "Nothing happens." and records no step for it; the teacher's
+    mistakes are drawn from the admissible commands of the state the expert is really in (this raised KeyError
+    on the real train games, where 6 of 2,282 expert commands were rejected)."""
+    from environments.alfworld.replay import RecordedGame, RecordedStep
+
+    game = RecordedGame("t", "alfworld/train", "train", "put a mug on a shelf", {}, {}, "start", ["go to shelf 1"],
+                        steps={"go to shelf 1": RecordedStep("at shelf 1", False, ["take mug 1 from shelf 1"]),
+                               "go to shelf 1\ntake mug 1 from shelf 1": RecordedStep("got it", False, ["go to shelf 2"])})
+    assert ap.state_admissible(game, []) == ["go to shelf 1"]
+    assert ap.state_admissible(game, ["go to shelf 1", "go to shelf 1"]) == ["take mug 1 from shelf 1"]  # 2nd: rejected
+    assert ap.state_admissible(game, ["go to shelf 1", "go to shelf 1", "take mug 1 from shelf 1"]) == ["go to shelf 2"]
+    rng = random.Random(0)
+    actions, mistakes = ap.with_mistakes(game, ["go to shelf 1", "go to shelf 1", "take mug 1 from shelf 1"], rng, 30,
+                                         rate=1.0)
+    assert mistakes and len(actions) > 3

@@ -229,3 +229,23 @@ def test_probe_sorts_every_expert_action_into_one_decision_kind(tmp_path):
     assert {"go_first", "take", "put"} <= set(result) and result["go_first"]["n"] == 6
     assert all(0.0 <= v["accuracy"] <= 1.0 for v in result.values())
     assert format_probe(result).count("\n") == len(result) + 1
+
+
+def test_failed_attempt_feedback_stops_at_the_turn_limit():
+    """A demonstration longer than the env's turn limit (ALFWorld's expert takes up to 48 commands) gives the
+    feedback of the attempt cut at the limit instead of stepping an episode that is over."""
+    import random
+
+    import agentgym_opd
+    from evaluation.bench.base_data import failed_attempt_feedback
+
+    env = agentgym_opd.make("household/train", max_turns=2)
+    task = next(t for t in (env.get_task(i) for i in env.task_ids()[:50]) if len(t.privileged["demonstration"]) > 3)
+
+    class LastPrefix(random.Random):  # the longest prefix a draw can give: the whole demonstration but its end
+        def randrange(self, n, *args, **kwargs):
+            return n - 1
+
+    feedback = failed_attempt_feedback(env, task, LastPrefix())
+    assert isinstance(feedback, str) and feedback
+    env.close()

@@ -63,7 +63,9 @@ def failed_attempt_feedback(env: Any, task: Any, rng: random.Random) -> str:
     demo = task.privileged["demonstration"]
     env.reset(options={"task_id": task.id})
     for action in demo[: rng.randrange(len(demo))]:
-        env.step(action)
+        _, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:  # a demonstration longer than the turn limit (its example is left out anyway)
+            break
     return env.episode_feedback()
 
 
