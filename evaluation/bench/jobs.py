@@ -308,7 +308,7 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
 
     # the bar counts forecast seconds of work, so its percentage and time left follow the work (shown as both)
     bar = tqdm(total=round(sum(sum(f) for f in forecast.values()), 1), desc="bench", disable=not settings.progress,
-               leave=True, bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
+               leave=True, bar_format="{desc}{percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
     outcomes: dict[int, JobOutcome] = {}
     times: list[float] = []
 
