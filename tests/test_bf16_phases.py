@@ -131,3 +131,32 @@ def test_the_probe_sees_float32_when_autocast_is_off(tmp_path, monkeypatch):
     """The control: with model.autocast=none the same probe records float32 in every phase."""
     probe, _ = _run_track_step(tmp_path, monkeypatch, autocast="none")
     _check_every_phase(probe, torch.float32, None)
+
+
+def test_a_frozen_model_under_autocast_stores_its_projections_in_bf16_with_the_same_logits():
+    """Autocast caches its bf16 casts only for weights that require grad: a frozen teacher or reference row would
+    cast every weight again at every decoded token. Its projections are stored in bf16 instead; the products are
+    the same numbers; what autocast runs in float32 (norms, the input embedding) stays float32, and a head tied to
+    the embedding gets its own bf16 copy."""
+    from agentgym_opd.config import ModelConfig
+    from agentgym_opd.policy.loading import load_student
+    from agentgym_opd.policy.precision import enable_autocast, store_frozen_projections
+
+    frozen = load_student("tiny", ModelConfig(autocast="bfloat16"), trainable=False)
+    reference = load_student("tiny", ModelConfig(), trainable=False).model
+    enable_autocast(reference, "bfloat16")  # the same autocast, float32 storage
+    projections = [m for m in frozen.model.get_decoder().modules() if isinstance(m, torch.nn.Linear)]
+    assert projections and all(m.weight.dtype == torch.bfloat16 for m in projections)
+    head, embed = frozen.model.get_output_embeddings(), frozen.model.get_input_embeddings()
+    assert reference.get_output_embeddings().weight is reference.get_input_embeddings().weight  # tied in tiny
+    assert head.weight.dtype == torch.bfloat16 and embed.weight.dtype == torch.float32  # the head's own copy
+    assert torch.equal(head.weight, embed.weight.to(torch.bfloat16))
+    norms = [p for n, p in frozen.model.named_parameters() if "norm" in n]
+    assert norms and all(p.dtype == torch.float32 for p in norms)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        assert torch.equal(frozen.model(input_ids=ids).logits, reference(input_ids=ids).logits)
+    trainable = load_student("tiny", ModelConfig(autocast="bfloat16"), trainable=True)
+    with pytest.raises(ValueError, match="trainable parameters"):
+        store_frozen_projections(trainable.model)
+    assert all(p.dtype == torch.float32 for p in trainable.model.parameters())

@@ -255,6 +255,10 @@ def load_student(name: str | None, model: Any, *, trainable: bool) -> Any:
         enable_autocast(policy.model, model.autocast)
     if not trainable:
         policy.model.requires_grad_(False)
+        if getattr(model, "autocast", "none") != "none":  # bf16 decoding needs the weights stored in bf16
+            from agentgym_opd.policy.precision import store_frozen_projections
+
+            store_frozen_projections(policy.model)
     return policy
 
 
