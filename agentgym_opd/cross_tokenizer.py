@@ -53,6 +53,7 @@ from agentgym_opd.types import Episode
 logger = logging.getLogger(__name__)
 
 MODES = ("auto", "always", "off")
+FULL_SHARE_METRIC = "cross/full_share"  # the share of agent tokens whose span took the full divergence
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -362,7 +363,7 @@ class CrossTokenizerTeacher:
         terms = self.terms(model, batch, rows, contexts)
         loss = weighted_sum(terms.per_token, coef)
         return loss, {"distill_loss": float(loss.detach()), "kl": float(weighted_sum(terms.kl, coef)),
-                      "cross/full_share": float(weighted_sum(terms.full_share, coef))}
+                      FULL_SHARE_METRIC: float(weighted_sum(terms.full_share, coef))}
 
     # ------------------------------------------------------------------ SAGE-OPD's confidence
     def turn_confidence(self, batch: RolloutBatch, rows: slice, contexts: Sequence[str | None],

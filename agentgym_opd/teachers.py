@@ -211,15 +211,24 @@ def select_rows(batch: RolloutBatch, rows: Sequence[int]) -> RolloutBatch:
         rewards=batch.rewards[index] if batch.rewards.numel() == len(batch) else batch.rewards)
 
 
-def token_shares(batch: RolloutBatch, names: Sequence[str], teachers: Sequence[str]) -> dict[str, float]:
+def token_shares(batch: RolloutBatch, names: Sequence[str], teachers: Sequence[str],
+                 dist: Any = None) -> dict[str, float]:
     """Each teacher's share of the batch's agent tokens: ``teacher_share/<name>`` (every teacher listed, 0 if
-    no row went to it)."""
+    no row went to it).
+
+    Under torchrun (``dist``: the algorithm's :class:`agentgym_opd.distributed.DistContext`) the token counts
+    are summed over ranks first, so every rank holds the share of the *global* batch (a mean of the ranks'
+    own shares would weigh a rank with few tokens like one with many)."""
+    from agentgym_opd.distributed import all_reduce_sum_list
+
     tokens = batch.loss_mask.sum(dim=1).float()
-    total = float(tokens.sum()) or 1.0
-    out = {SHARE_METRIC.format(t): 0.0 for t in teachers}
+    counts = {t: 0.0 for t in teachers}
     for row, name in enumerate(names):
-        out[SHARE_METRIC.format(name)] += float(tokens[row]) / total
-    return out
+        counts[name] += float(tokens[row])
+    if dist is not None:
+        counts = dict(zip(counts, all_reduce_sum_list(list(counts.values()), dist)))
+    total = sum(counts.values()) or 1.0
+    return {SHARE_METRIC.format(t): count / total for t, count in counts.items()}
 
 
 def grouped_rows(names: Sequence[str], rows: slice) -> dict[str, list[int]]:
@@ -252,4 +261,18 @@ def routed_loss(algorithm: Any, batch: RolloutBatch, rows: slice, coef: dict[str
         for key, value in parts.items():
             metrics[key] = metrics.get(key, 0.0) + float(value)
     assert total is not None  # rows is never empty
+    for key in routed_metric_keys(algorithm):
+        metrics.setdefault(key, 0.0)
     return total, metrics
+
+
+def routed_metric_keys(algorithm: Any) -> tuple[str, ...]:
+    """The metrics some teacher's path reports and another's may not: every micro-batch reports them all.
+
+    Under torchrun the ranks sum their metrics as one list in key order, so a rank whose rows all went to a
+    same-tokenizer teacher must still report the cross-tokenizer path's ``cross/full_share`` (as 0: none of
+    its tokens took that path) when a rank beside it scored rows with a teacher of another tokenizer."""
+    from agentgym_opd.cross_tokenizer import FULL_SHARE_METRIC
+
+    cross = getattr(algorithm, "cross_teachers", {}) or {}
+    return (FULL_SHARE_METRIC,) if any(c is not None for c in cross.values()) else ()

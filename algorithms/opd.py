@@ -106,7 +106,8 @@ class OPD(DistillationAlgorithm):
     def prepare(self, batch: RolloutBatch) -> DistillState:
         state = super().prepare(batch)
         if self.teacher_set is not None:
-            state.metrics.update(token_shares(batch, self.teacher_set.route(batch.episodes), self.teacher_set.names()))
+            state.metrics.update(token_shares(batch, self.teacher_set.route(batch.episodes), self.teacher_set.names(),
+                                              self.dist))
         return state
 
     def compute_loss(self, batch: RolloutBatch, rows: slice, coef: dict[str, torch.Tensor], state: DistillState,

@@ -197,3 +197,71 @@ def test_train_with_two_teachers_routed_by_env_logs_each_teachers_token_share(tm
     assert any(0 < line["teacher_share/place"] < 1 for line in lines)  # both teachers taught in one batch
     source = resolve_policy(str(out))
     assert source.teacher == f"place={teacher},heat=tiny"
+
+
+def save_other_tokenizer_teacher(folder) -> None:
+    """A small random Llama reading SmolLM2's tokenizer (a teacher of another tokenizer at a tiny model's cost)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from test_cross_tokenizer import smollm2_tokenizer
+
+    tokenizer = smollm2_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+@pytest.mark.slow
+def test_two_teachers_one_of_another_tokenizer_under_torchrun_match_one_process(tmp_path):
+    """`torchrun --nproc_per_node 2 ... train --teacher place=A --teacher heat=B train.strategy=ddp`, with A the
+    student's own tokenizer and B another (both paths in one DDP step, a rank's rows possibly all on one path),
+    logs the one-process run's losses and token shares and ends on its weights. The shipped household pair's
+    student ends its replies at different lengths, so the ranks hold different token counts."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    other = tmp_path / "other"
+    save_other_tokenizer_teacher(other)
+
+    def command(out, *prefix, strategy):
+        return [*prefix, "-m", "agentgym_opd.cli", "train", "--algo", "opd", "--env", MIX,
+                "--student", "household-student", "--teacher", "place=household-teacher", "--teacher", f"heat={other}",
+                "--output-dir", str(out), "--no-progress",
+                'model.teacher_routes={"*pick_and_place": place, "*pick_heat_then_place": heat}',
+                "model.device=cpu", "train.steps=2", "train.lr=1e-3", "train.optimizer=sgd",
+                "train.micro_batch_size=1", "rollout.tasks_per_step=4", "rollout.max_turns=2",
+                "rollout.max_new_tokens=16", f"train.strategy={strategy}"]
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one, two = tmp_path / "one", tmp_path / "two"
+    done = subprocess.run(command(one, sys.executable, strategy="none"), cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "teacher heat: teacher tokenizer differs" in done.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                "--master_port", str(port)]
+    done = subprocess.run(command(two, *torchrun, strategy="ddp"), cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {name: [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            for name, out in (("one", one), ("two", two))}
+    assert [r["step"] for r in rows["two"]] == [1, 2]
+    for a, b in zip(rows["one"], rows["two"]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5), a["step"]
+        assert b["cross/full_share"] == pytest.approx(a["cross/full_share"], rel=1e-5, abs=1e-7), a["step"]
+        for name in ("place", "heat"):  # shares of the global batch's tokens, not a mean of the ranks' shares
+            assert b[f"teacher_share/{name}"] == pytest.approx(a[f"teacher_share/{name}"], rel=1e-6), a["step"]
+    assert any(0 < r["teacher_share/heat"] < 1 for r in rows["one"])
+    final = {name: torch.load(out / "checkpoints" / "step_2" / "trainer_state.pt", weights_only=False)["trainable"]
+             for name, out in (("one", one), ("two", two))}
+    for name in final["one"]:
+        torch.testing.assert_close(final["two"][name], final["one"][name], rtol=1e-5, atol=1e-6)
