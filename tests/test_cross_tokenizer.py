@@ -296,7 +296,7 @@ def test_the_cross_path_loss_does_not_depend_on_the_micro_batch_size(sampled, sm
         step = algo.steps(state)[0]
         coef = algo.coefficients(batch, state, step)
         total = sum(float(algo.compute_loss(batch, slice(s, min(s + size, len(batch))),
-                                            {k: v[s: s + size] for k, v in coef.items()}, state, step)[0])
+                                            {k: v[s: s + size] for k, v in coef.items()}, state, step)[0].detach())
                     for s in range(0, len(batch), size))
         losses.append(total)
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
