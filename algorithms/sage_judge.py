@@ -82,10 +82,15 @@ class TurnVerdicts:
         asked = sum(1 for row in self.raw for answer in row if answer is not None)
         defaulted = sum(1 for row_raw, row_src in zip(self.raw, self.sources)
                         for answer, src in zip(row_raw, row_src) if answer is not None and src == "default")
+        judged = [label for row, row_src in zip(self.labels, self.sources) for label, src in zip(row, row_src)
+                  if src == "judge"]
+        modal = max((judged.count(label) for label in LABELS), default=0) / len(judged) if judged else 0.0
         return {**{f"share_{label}": flat.count(label) / n for label in LABELS},
                 "turns_judged": float(sources.count("judge")), "turns_error_forced": float(sources.count("error")),
                 "turns_defaulted": float(sources.count("default")),
-                "judge_defaulted_share": defaulted / asked if asked else 0.0}
+                "judge_defaulted_share": defaulted / asked if asked else 0.0,
+                # a judge that gives every turn the same label separates no turns: errors-only weighting again
+                "judge_modal_label_share": modal}
 
 
 def transcript(episode: Episode, turn: int, history_turns: int) -> str:

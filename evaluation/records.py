@@ -312,6 +312,10 @@ def training_diagnostics(metrics_lines: list[dict[str, Any]]) -> dict[str, float
             warnings.warn(f"the judge defaulted {out['judge_defaulted_share']:.0%} of its verdicts in training "
                           f"(above {DEFAULTED_WARN_SHARE:.0%}): SAGE-OPD's turn labels were mostly the default",
                           stacklevel=2)
+    modal = [float(row["judge_modal_label_share"]) for row in metrics_lines
+             if _is_number(row.get("judge_modal_label_share")) and float(row.get("turns_judged", 0) or 0) > 0]
+    if modal:
+        out["judge_modal_label_share"] = sum(modal) / len(modal)
     return out
 
 

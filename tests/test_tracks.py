@@ -165,3 +165,26 @@ def test_the_tiny_track_runs_end_to_end_and_a_killed_track_resumes(monkeypatch, 
     ran.clear()
     run_bench(settings, log=lambda line: None)
     assert ran == []
+
+
+def test_claims_say_the_judge_was_not_tested_when_it_gave_every_turn_one_label():
+    """Readable but uniform verdicts (zero-shot SmolLM2 answered "Weak" to all 42 turns it read) separate no turns."""
+    summary = {"paired": [{"env_id": "e", "algorithm": "sage_opd", "baseline": "opd", "mean": 0.01, "low": -0.05,
+                           "high": 0.2, "n": 134}]}
+    uniform = [{"algorithm": "sage_opd", "training": {"judge_defaulted_share": 0.1, "judge_modal_label_share": 1.0}}]
+    row = next(r for r in check_claims(summary, uniform, env_id="e") if r["method"] == "sage_opd")
+    assert row["verdict"].endswith("judge not tested") and "same label" in row["judge"]
+    mixed = [{"algorithm": "sage_opd", "training": {"judge_defaulted_share": 0.1, "judge_modal_label_share": 0.6}}]
+    assert "judge" not in next(r for r in check_claims(summary, mixed, env_id="e") if r["method"] == "sage_opd")
+
+
+def test_the_judges_label_statistics_give_the_share_of_its_commonest_label():
+    from algorithms.sage_judge import TurnVerdicts
+    from evaluation.records import training_diagnostics
+
+    verdicts = TurnVerdicts(labels=[["strong", "weak", "weak"], ["weak", "skip"]],
+                            sources=[["error", "judge", "judge"], ["judge", "default"]],
+                            raw=[[None, "Weak", "Weak"], ["Weak", "???"]])
+    counts = verdicts.counts()
+    assert counts["judge_modal_label_share"] == 1.0  # the error-forced Strong and the default are not the judge's
+    assert training_diagnostics([{**counts}])["judge_modal_label_share"] == 1.0

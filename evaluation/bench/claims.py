@@ -140,12 +140,21 @@ def judge_not_tested(records: Sequence[Mapping[str, Any]]) -> str | None:
     and a claim about SAGE-OPD must say so rather than present that as the method's result."""
     from evaluation.records import DEFAULTED_WARN_SHARE
 
-    shares = [float(r["training"]["judge_defaulted_share"]) for r in records
-              if r.get("algorithm") == "sage_opd" and "judge_defaulted_share" in (r.get("training") or {})]
-    if not shares or max(shares) <= DEFAULTED_WARN_SHARE:
-        return None
-    return (f"judge not tested: {max(shares):.0%} of the teacher's verdicts were unreadable and defaulted, so "
-            "SAGE-OPD weighted turns by execution errors only")
+    runs = [r.get("training") or {} for r in records if r.get("algorithm") == "sage_opd"]
+    shares = [float(t["judge_defaulted_share"]) for t in runs if "judge_defaulted_share" in t]
+    if shares and max(shares) > DEFAULTED_WARN_SHARE:
+        return (f"judge not tested: {max(shares):.0%} of the teacher's verdicts were unreadable and defaulted, so "
+                "SAGE-OPD weighted turns by execution errors only")
+    modal = [float(t["judge_modal_label_share"]) for t in runs if "judge_modal_label_share" in t]
+    if modal and max(modal) >= ONE_LABEL_SHARE:
+        return (f"judge not tested: the teacher gave {max(modal):.0%} of the turns it judged the same label, so its "
+                "verdicts separated no turns and SAGE-OPD weighted turns by execution errors only")
+    return None
+
+
+# a judge whose readable verdicts are (almost) all one label distinguishes nothing (zero-shot SmolLM2 on ALFWorld:
+# 42 of 42 readable answers were "Weak", copied from the question's definitions)
+ONE_LABEL_SHARE = 0.95
 
 
 def _budget(settings: Mapping[str, Any]) -> int | None:
