@@ -36,9 +36,9 @@ table { border-collapse: collapse; margin: .3rem 0 1rem; font-size: .82rem; }
 th, td { border: 1px solid #d0d0d0; padding: .25rem .45rem; text-align: right; vertical-align: top; }
 th { background: #f1f3f5; cursor: pointer; user-select: none; } th.nosort { cursor: default; }
 td.name { text-align: left; max-width: 13rem; overflow-wrap: anywhere; } td.small { font-size: .75rem; color: #555; text-align: left; max-width: 11rem; overflow-wrap: anywhere; }
-td.primary { font-variant-numeric: tabular-nums; white-space: nowrap; } td.primary b { font-size: .9rem; }
+td.primary { font-variant-numeric: tabular-nums; } td.primary b { font-size: .9rem; }
 td.rankcol { background: #fbfbfb; } tr.differs td.name::after { content: " \\2731"; color: #c0392b; }
-tr.differs { background: #fff8f0; } span.ci { color: #666; } p.warn { background: #fff3cd; border-left: 4px solid #d39e00; padding: .4rem .6rem; } pre.prompt { white-space: pre-wrap; background: #f6f6f6; padding: .5rem; font-size: .8rem; max-height: 20rem; overflow: auto; } td.paired { white-space: nowrap; font-size: .8rem; } td.paired.sig { font-weight: bold; }
+tr.differs { background: #fff8f0; } span.ci { color: #666; } p.warn { background: #fff3cd; border-left: 4px solid #d39e00; padding: .4rem .6rem; } pre.prompt { white-space: pre-wrap; background: #f6f6f6; padding: .5rem; font-size: .8rem; max-height: 20rem; overflow: auto; } td.paired { font-size: .8rem; } td.paired.sig { font-weight: bold; }
 td.best { background: #e8f5e9; font-weight: 600; }
 .controls { font-size: .85rem; margin: .2rem 0; } select { font-size: .85rem; }
 figure { display: inline-block; margin: 0 1rem 1rem 0; vertical-align: top; } figcaption { font-size: .8rem; color: #555; max-width: 36rem; }
