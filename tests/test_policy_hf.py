@@ -143,3 +143,33 @@ def test_misuse_raises_clearly(policy, tmp_path):
         policy.score([[1]], [[2], [3]])
     with pytest.raises(ValueError, match="max_new_tokens"):
         SamplingParams(max_new_tokens=0)
+
+
+def test_a_right_padded_batch_runs_without_its_mask_and_gives_the_masked_numbers(tiny_path):
+    """final_hidden_states drops a right-padded batch's mask (CPU SDPA's causal kernel is faster): every real
+    position's hidden state and every gradient equal the masked forward's, bit for bit; a left-padded batch keeps it."""
+    from agentgym_opd.policy.hf import final_hidden_states, right_padded
+
+    model = HFPolicy.from_pretrained(tiny_path).model
+    torch.manual_seed(0)
+    lengths = [96, 70, 85]
+    ids = torch.randint(5, model.config.vocab_size, (3, max(lengths)))
+    mask = torch.zeros(3, max(lengths), dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    assert right_padded(mask) and not right_padded(mask.flip(1)) and right_padded(None)
+
+    def forward(run):
+        model.zero_grad(set_to_none=True)
+        hidden = run()
+        (hidden.float() ** 2 * mask[..., None]).sum().backward()
+        return hidden.detach() * mask[..., None], {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    fast = forward(lambda: final_hidden_states(model, ids, mask))
+    masked = forward(lambda: model.get_decoder()(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state)
+    assert torch.equal(fast[0], masked[0])
+    assert all(torch.equal(fast[1][k], masked[1][k]) for k in masked[1])
+    left = mask.flip(1)  # left padding: positions shift, so the mask must stay; the output is the masked one
+    kept = final_hidden_states(model, ids, left)
+    assert torch.equal(kept * left[..., None], model.get_decoder()(input_ids=ids, attention_mask=left,
+                                                                   use_cache=False).last_hidden_state * left[..., None])

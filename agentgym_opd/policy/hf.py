@@ -293,8 +293,24 @@ def final_hidden_states(model: Any, input_ids: torch.Tensor, attention_mask: tor
                     output_hidden_states=True, logits_to_keep=keep_none)
         return out.hidden_states[-1]
     body = model.get_decoder()
+    if position_ids is None and right_padded(attention_mask):
+        # under causal attention a right-padded row's real tokens never see its padding, so the mask changes no
+        # real position's output; without it CPU SDPA takes its causal kernel (the tiny model's forward and
+        # backward over 4 x ~2,000 tokens: 1.6-1.7x faster, hidden states and gradients bit-identical)
+        attention_mask = None
     out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state
+
+
+def right_padded(attention_mask: torch.Tensor | None) -> bool:
+    """Whether every row of a [b, T] 0/1 mask is ones then zeros (padding only at the end), or there is no mask."""
+    if attention_mask is None:
+        return True
+    if attention_mask.dim() != 2:
+        return False
+    mask = attention_mask.bool()
+    # ones then zeros <=> the mask never rises from 0 to 1 along a row
+    return not bool((mask[:, 1:] & ~mask[:, :-1]).any())
 
 
 def output_logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
