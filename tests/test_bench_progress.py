@@ -8,8 +8,8 @@ def test_jobs_weigh_what_the_bench_forecasts_for_them():
     settings = BenchSettings()
     costs = job_costs(settings, 3)
     run, reference = RunJob("opd", 0, True, False), ReferenceJob("warm_start", "unused", "warm_start")
-    assert _job_forecast(run, settings, 3) == (costs.run_train, costs.run_eval)
-    assert _job_forecast(reference, settings, 3) == (0.0, costs.reference)
+    assert _job_forecast(run, settings, costs) == (costs.run_train, costs.run_eval)
+    assert _job_forecast(reference, settings, costs) == (0.0, costs.reference)
     # the bug this replaces: a reference row counted one unit beside a run's 16 steps, while it evaluates
     # every seed's held-out tasks and costs more than a whole training run
     assert costs.reference > costs.run_train > 0

@@ -239,13 +239,12 @@ def _job_units(job: Any, settings: BenchSettings) -> int:
     return 1
 
 
-def _job_forecast(job: Any, settings: BenchSettings, n_eval_envs: int) -> tuple[float, float]:
+def _job_forecast(job: Any, settings: BenchSettings, costs: Any) -> tuple[float, float]:
     """(seconds of the job's part the bar can follow step by step, seconds of the rest) as the bench forecasts
     them: the bar weighs jobs by these, so a reference row that evaluates for minutes is not one unit beside a
     16-step training run."""
-    from evaluation.bench.settings import SECONDS_PER_EXPERT_EPISODE, job_costs
+    from evaluation.bench.settings import SECONDS_PER_EXPERT_EPISODE
 
-    costs = job_costs(settings, n_eval_envs)
     if isinstance(job, RunJob):
         return costs.run_train, costs.run_eval
     if isinstance(job, ReferenceJob):
@@ -299,7 +298,10 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
         return []
     settings = context.settings
     units = {i: _job_units(job, settings) for i, job in enumerate(jobs)}
-    forecast = {i: _job_forecast(job, settings, len(context.env_ids)) for i, job in enumerate(jobs)}
+    from evaluation.bench.settings import job_costs
+
+    costs = job_costs(settings, len(context.env_ids))  # one forecast per bench, shared by its jobs
+    forecast = {i: _job_forecast(job, settings, costs) for i, job in enumerate(jobs)}
 
     def work_done(i: int, steps: int | None = None) -> float:
         """Forecast seconds of job i done: all of it when it ended, else its followed part by steps."""
