@@ -21,3 +21,19 @@ def test_the_first_line_forecast_is_the_sum_the_bar_counts():
     runs = 2 * len(settings.seeds)
     total = runs * (costs.run_train + costs.run_eval) + 2 * costs.reference  # warm start and warm start+context
     assert estimate_seconds(settings, ["opd", "sft"], 3, warm=True, teacher=False, workers=2) == total / 2
+
+
+def test_a_household_base_model_to_build_weighs_its_build_forecast(tmp_path, monkeypatch):
+    """A base model that must be built counts what the first line forecasts for it (it was a 60 s literal)."""
+    import dataclasses
+
+    from evaluation.bench import base_models
+    from evaluation.bench.jobs import BaseModelJob
+
+    monkeypatch.setenv("AGENTGYM_OPD_CACHE", str(tmp_path))
+    settings = BenchSettings()
+    spec = dataclasses.replace(settings.base_specs()[0], steps=settings.base_specs()[0].steps + 1)  # never shipped
+    assert base_models.cached_base_model(spec) is None
+    followed, rest = _job_forecast(BaseModelJob("base_student", spec), settings, job_costs(settings, 3))
+    assert (followed, rest) == (base_models.estimated_build_seconds(spec), 0.0)
+    assert followed > 60.0

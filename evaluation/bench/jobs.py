@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -250,11 +251,11 @@ def _job_forecast(job: Any, settings: BenchSettings, costs: Any) -> tuple[float,
     if isinstance(job, ReferenceJob):
         return 0.0, costs.reference
     if isinstance(job, BaseModelJob):
-        from evaluation.bench.base_models import cached_base_model
+        from evaluation.bench.base_models import cached_base_model, estimated_build_seconds
 
         if cached_base_model(job.spec) is not None:
             return 0.0, 1.0
-        return float(job.spec.estimated_seconds()) if hasattr(job.spec, "estimated_seconds") else 60.0, 0.0
+        return float(estimated_build_seconds(job.spec)), 0.0
     if isinstance(job, SFTJob):
         return job.steps * settings.sft_tasks_per_step * SECONDS_PER_EXPERT_EPISODE, 0.0
     return 0.0, 1.0
@@ -309,8 +310,11 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
         return followed + rest if steps is None else followed * min(steps, units[i]) / max(units[i], 1)
 
     # the bar counts forecast seconds of work, so its percentage and time left follow the work (shown as both)
+    # into a log file (not a terminal) the bar is a line per refresh: once a minute, not every poll of the workers
+    refresh_s = 0.1 if sys.stderr.isatty() else 60.0
     bar = tqdm(total=round(sum(sum(f) for f in forecast.values()), 1), desc="bench", disable=not settings.progress,
-               leave=True, bar_format="{desc}{percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
+               leave=True, bar_format="{desc}{percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]",
+               mininterval=refresh_s)
     outcomes: dict[int, JobOutcome] = {}
     times: list[float] = []
 
@@ -354,6 +358,7 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
                                         initializer=_worker_init, initargs=(settings.threads,)) as pool:
                 futures = {pool.submit(run_job, jobs[i], quiet): i for i in todo}
                 pending = set(futures)
+                shown = time.monotonic()
                 while pending:
                     done, pending = cf.wait(pending, timeout=2.0, return_when=cf.FIRST_COMPLETED)
                     for future in done:
@@ -372,6 +377,8 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
                                   + sum(work_done(i, _steps_done(jobs[i], out)) for i in running), 1)
                     names = ", ".join(_job_label(jobs[i]) for i in sorted(running)[:3]) + (", ..." if len(running) > 3 else "")
                     bar.set_description(f"bench {len(outcomes)}/{len(jobs)} jobs (running: {names})" if running
-                                        else f"bench {len(outcomes)}/{len(jobs)} jobs")
-                    bar.refresh()
+                                        else f"bench {len(outcomes)}/{len(jobs)} jobs", refresh=False)
+                    if done or time.monotonic() - shown >= refresh_s:
+                        bar.refresh()
+                        shown = time.monotonic()
     return [outcomes[i] for i in range(len(jobs))]
