@@ -361,8 +361,7 @@ class Algorithm:
                 sums[key] = sums.get(key, 0.0) + float(value)
         D.finish_gradient_sync(model)
         D.sync_extra_gradients(self.optimised_parameters(), model, ctx)
-        summed = D.all_reduce_sum_list([sums[k] for k in sorted(sums)], ctx)
-        metrics = dict(zip(sorted(sums), summed))
+        metrics = D.all_reduce_sum_metrics(sums, ctx)
         if self.grad_clip is not None:
             metrics["grad_norm"] = D.clip_grad_norm(self.optimised_parameters(), self.grad_clip)
         lrs = [group["lr"] for group in self.optimizer.param_groups]

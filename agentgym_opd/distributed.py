@@ -321,6 +321,14 @@ def all_reduce_mean(metrics: Mapping[str, float], ctx: DistContext) -> dict[str,
 
     Every rank must report the same keys (checked: a mismatch would otherwise average unrelated numbers).
     """
+    summed = all_reduce_sum_metrics(metrics, ctx)
+    return {k: v / ctx.world_size for k, v in summed.items()} if ctx.enabled else summed
+
+
+def all_reduce_sum_metrics(metrics: Mapping[str, float], ctx: DistContext) -> dict[str, float]:
+    """The rank-sum of each metric, on every rank. The ranks' key lists are compared first and every rank raises
+    on a mismatch: summing lists of different keys would add unrelated numbers, or hang when their lengths differ
+    (two teachers on different paths once reported different keys and deadlocked a DDP run)."""
     if not ctx.enabled:
         return {k: float(v) for k, v in metrics.items()}
     keys = sorted(metrics)
@@ -328,9 +336,7 @@ def all_reduce_mean(metrics: Mapping[str, float], ctx: DistContext) -> dict[str,
     dist.all_gather_object(gathered, keys)
     if any(other != keys for other in gathered):
         raise ValueError(f"ranks report different metric keys: {gathered}")
-    t = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return {k: float(v) / ctx.world_size for k, v in zip(keys, t.tolist())}
+    return dict(zip(keys, all_reduce_sum_list([metrics[k] for k in keys], ctx)))
 
 
 def _all_reduce_list(values: Sequence[float], ctx: DistContext, op: Any) -> list[float]:
