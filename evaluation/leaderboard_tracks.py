@@ -40,7 +40,8 @@ class Track:
     @property
     def title(self) -> str:
         teacher = f"teacher {self.teacher}" if self.teacher else "no teacher"
-        protocol = "the bench's protocol" if self.protocol == BENCH_PROTOCOL else f"protocol {self.protocol}"
+        protocol = ("the bench's protocol" if self.protocol == BENCH_PROTOCOL
+                    else f"protocol {self.protocol}" if self.protocol else "no prompt protocol (a scripted agent)")
         return f"{self.family}: from {self.student}, {teacher}, {protocol}"
 
     @property

@@ -95,3 +95,10 @@ def test_zero_shot_real_model_rows_sit_together_in_one_table(tmp_path):
     assert "| scienceworld/find-living-thing | smollm2 | success_rate | 0.100 [" in zero_shot
     html = (tmp_path / "lb" / "index.html").read_text()
     assert html.count('<table class="zeroshot">') == 1 and "scienceworld/find-living-thing</td>" in html
+
+
+def test_track_titles_name_the_protocol_or_say_there_is_none():
+    assert Track("household", "tiny", None, BENCH_PROTOCOL).title == "household: from tiny, no teacher, the bench's protocol"
+    assert Track("bfcl", "smollm2", "t", "parser=x").title == "bfcl: from smollm2, teacher t, protocol parser=x"
+    # a scripted agent's rows have no prompt protocol; the title once ended in "protocol " and nothing
+    assert Track("household", "walkthrough", None, "").title.endswith("no teacher, no prompt protocol (a scripted agent)")
