@@ -119,6 +119,16 @@ def test_bad_jobs_count_is_a_clear_error_exit_2(tmp_path, capsys):
     assert "--jobs needs at least 1 worker process, got 0" in capsys.readouterr().err
 
 
+def test_publish_from_a_dirty_tree_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    import evaluation.runner
+
+    monkeypatch.setattr(evaluation.runner, "code_revision", lambda: "abc1234+dirty")
+    assert main(["bench", "--quick", "--publish", "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "--publish: this checkout has uncommitted changes (abc1234+dirty)" in err and "nothing was run" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_unknown_algorithm_is_a_clear_error_exit_2(tmp_path, capsys):
     assert main(["bench", "--algos", "sft,no_such_algo", "--output-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err

@@ -37,3 +37,17 @@ def test_a_household_base_model_to_build_weighs_its_build_forecast(tmp_path, mon
     followed, rest = _job_forecast(BaseModelJob("base_student", spec), settings, job_costs(settings, 3))
     assert (followed, rest) == (base_models.estimated_build_seconds(spec), 0.0)
     assert followed > 60.0
+
+
+def test_bench_publish_skips_a_record_from_a_dirty_tree_and_publishes_the_rest(tmp_path, monkeypatch):
+    from evaluation.bench.results import update_leaderboard
+    from test_leaderboard import make_record
+
+    monkeypatch.chdir(tmp_path)
+    clean, dirty = make_record(seed=0), make_record(seed=1, code_revision="abc1234+dirty")
+    lines: list[str] = []
+    update_leaderboard([clean, dirty], tmp_path / "bench", publish=True, log=lines.append)
+    published = [p.name for p in (tmp_path / "leaderboard" / "records").glob("*.json")]
+    assert len(published) == 1
+    assert any(line.startswith("publish: skipped opd household/valid_unseen seed 1: made from a tree with uncommitted")
+               for line in lines), lines

@@ -124,6 +124,8 @@ def settings_from_args(args: argparse.Namespace):
         if not sep or "=" not in override:
             raise ValueError(f"--algo-set expects ALGO:key=value, got {item!r}")
         per_algo.setdefault(name, []).append(override)
+    if args.publish:
+        _refuse_publishing_a_dirty_tree()
     changes.update(algo_overrides=per_algo, overrides=list(args.overrides or []), skip_warm_start=args.skip_warm_start,
                    references=not args.no_references,
                    publish=args.publish, progress=not args.no_progress)
@@ -173,3 +175,17 @@ def run(args: argparse.Namespace) -> int:
               "and runs/<algo>/seed<N>/error.txt", file=sys.stderr)
         return 1
     return 0
+
+
+def _refuse_publishing_a_dirty_tree() -> None:
+    """``--publish`` puts the records on the repo's leaderboard, which takes no record nobody can rerun: a tree with
+    uncommitted changes is refused before hours of runs, not after them."""
+    from evaluation.records import DIRTY_SUFFIX
+    from evaluation.runner import code_revision
+
+    revision = code_revision()
+    if revision.endswith(DIRTY_SUFFIX):
+        raise ValueError(f"--publish: this checkout has uncommitted changes ({revision}) and the leaderboard takes no "
+                         "record made from them: commit and rerun, or run without --publish and add the records with "
+                         "`agentgym-opd leaderboard add RECORDS --allow-dirty` (marked as from a dirty tree); nothing "
+                         "was run")

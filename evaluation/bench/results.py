@@ -50,7 +50,7 @@ def update_leaderboard(records: list[dict[str, Any]], out: Path, *, publish: boo
     """Put the records on the bench's leaderboard (replacing records of the same run identity: that folder
     is the bench's own) and build it; with ``publish`` also on the repo's ``leaderboard/`` (never replacing)."""
     from evaluation.leaderboard import IDENTITY_FIELDS, Leaderboard
-    from evaluation.records import RecordError
+    from evaluation.records import RecordError, dirty_problem
 
     board = Leaderboard(out / "leaderboard")
     identities = {tuple(r[f] for f in IDENTITY_FIELDS) for r in records}
@@ -66,6 +66,10 @@ def update_leaderboard(records: list[dict[str, Any]], out: Path, *, publish: boo
     if publish:
         repo = Leaderboard("leaderboard")
         for r in records:
+            problem = dirty_problem(f"{r['algorithm']} {r['env_id']} seed {r['seed']}", r)
+            if problem:  # the command refuses a dirty tree up front; a record from another checkout may still be
+                log(f"publish: skipped {problem}")
+                continue
             try:
                 repo.add(r)
             except RecordError as err:
