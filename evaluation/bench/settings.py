@@ -32,11 +32,10 @@ SECONDS_PER_EXPERT_EPISODE = 0.12
 SECONDS_PER_ROLLOUT_EPISODE = 0.9
 SECONDS_PER_EVAL_EPISODE = 0.45
 # the household base pair (20-turn episodes with the status line; CPU seconds of one process, one torch thread,
-# beside another job), fitted to the bench at its defaults on 2026-12-05 (804 s wall, 2 workers; the 1200-step
-# student): both per-episode costs of the 30-turn fit of 2026-12-04 scaled by 804 / 1164, the wall time over
-# what they forecast (an algorithm job took 34-100 s, the three reference jobs 55-80 s)
-SECONDS_PER_EVAL_EPISODE_BASE = 0.117
-SECONDS_PER_ROLLOUT_EPISODE_BASE = 0.242
+# beside another job), fitted to the default bench's wall time: 804 s on 2026-12-05, then 991 s at 915cc8e (an
+# empty cache on a quiet machine, 2 workers; docs/speed.md), so both costs of that fit scaled by 991 / 802
+SECONDS_PER_EVAL_EPISODE_BASE = 0.145
+SECONDS_PER_ROLLOUT_EPISODE_BASE = 0.299
 
 
 class BenchError(ValueError):
