@@ -309,12 +309,6 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
         followed, rest = forecast[i]
         return followed + rest if steps is None else followed * min(steps, units[i]) / max(units[i], 1)
 
-    # the bar counts forecast seconds of work, so its percentage and time left follow the work (shown as both)
-    # into a log file (not a terminal) the bar is a line per refresh: once a minute, not every poll of the workers
-    refresh_s = 0.1 if sys.stderr.isatty() else 60.0
-    bar = tqdm(total=round(sum(sum(f) for f in forecast.values()), 1), desc="bench", disable=not settings.progress,
-               leave=True, bar_format="{desc}{percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]",
-               mininterval=refresh_s)
     outcomes: dict[int, JobOutcome] = {}
     times: list[float] = []
 
@@ -340,7 +334,17 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
             kept(i, outcome)
             store.save(jobs[i], outcome)
     todo = [i for i in range(len(jobs)) if i not in outcomes]
-    bar.update(sum(work_done(i) for i in outcomes))
+    # the bar counts forecast seconds of work, so its percentage and time left follow the work (shown as both). It
+    # starts at the work an earlier run did (finished jobs, and a resumed job's steps), so its rate counts only
+    # this run's work: counted at the first poll, a resumed build's steps read as done in two seconds (a wild ETA)
+    done_before = sum(work_done(i) for i in outcomes)
+    if store is not None:
+        done_before += sum(work_done(i, _steps_done(jobs[i], out)) for i in todo)
+    # into a log file (not a terminal) the bar is a line per refresh: once a minute, not every poll of the workers
+    refresh_s = 0.1 if sys.stderr.isatty() else 60.0
+    bar = tqdm(total=round(sum(sum(f) for f in forecast.values()), 1), initial=round(done_before, 1), desc="bench",
+               disable=not settings.progress, leave=True, mininterval=refresh_s,
+               bar_format="{desc}{percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
     with bar:
         if workers <= 1:
             for i in todo:
