@@ -84,6 +84,10 @@ class ModelConfig:
     autocast: str = constrained("none", choices=("none", "bfloat16", "float16"), help=(
         "run every forward (rollouts, teacher scoring, the update) under torch.autocast to this dtype, weights "
         "kept in model.dtype; bfloat16 is about 2x on a CPU with AVX512-BF16 (benchmarks/bench_smollm2_opd_step.py)"))
+    teacher_autocast: str = constrained("same", choices=("same", "none", "bfloat16", "float16"), help=(
+        "the separate teacher's forwards: 'same' = model.autocast; bfloat16 scores with a frozen teacher stored "
+        "in bf16 while the student keeps model.autocast (a large teacher of a small student: the teacher's "
+        "forward is most of the step)"))
     device: str = constrained("auto", help="'auto', 'cpu', 'cuda', 'cuda:1', ...")
     gguf_file: str | None = constrained(None, help="GGUF file inside the student folder, for GGUF checkpoints")
     lora_rank: int = constrained(0, ge=0, help="LoRA rank; 0 trains all weights")

@@ -113,7 +113,8 @@ def load_teacher(config: RunConfig, algo_config: Any) -> Any:
             raise ValueError(f"model.teacher_backend={m.teacher_backend} needs a separate teacher: pass --teacher PATH")
         return None
     if m.teacher_backend == "hf":
-        return load_student(m.teacher, m, trainable=False)
+        return load_student(m.teacher, m, trainable=False,
+                            autocast=None if m.teacher_autocast == "same" else m.teacher_autocast)
     top_m = int(getattr(algo_config, "top_m", 0) or 0)
     sampled = getattr(algo_config, "estimator", "full") == "sampled"
     if not sampled and (top_m == 0 or getattr(algo_config, "top_m_support", "teacher") != "teacher"):

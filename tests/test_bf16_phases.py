@@ -73,7 +73,8 @@ class PhaseProbe:
         head.register_forward_pre_hook(lambda m, a: self.heads[(self.current(), role)].add(_autocast_dtype_now()))
 
 
-def _run_track_step(tmp_path, monkeypatch, *, autocast: str, lora_rank: int = 0) -> tuple[PhaseProbe, dict]:
+def _run_track_step(tmp_path, monkeypatch, *, autocast: str, lora_rank: int = 0,
+                    teacher_autocast: str = "same") -> tuple[PhaseProbe, dict]:
     from agentgym_opd.config import load_config
     from agentgym_opd.trainer import Trainer, algorithm_class
     from evaluation.bench.tracks import SMOLLM2_ALFWORLD
@@ -82,7 +83,7 @@ def _run_track_step(tmp_path, monkeypatch, *, autocast: str, lora_rank: int = 0)
     assert len(track) < len(SMOLLM2_ALFWORLD.overrides), "the SmolLM2 track no longer sets model.autocast"
     overrides = {"algorithm": "opd", "env": "household/train", "output_dir": str(tmp_path), "model.student": "tiny",
                  "model.teacher": "tiny", "model.device": "cpu", "model.autocast": autocast,
-                 "model.lora_rank": lora_rank, "train.steps": 1, "train.checkpoint_every": 0, "eval.every": 0,
+                 "model.lora_rank": lora_rank, "model.teacher_autocast": teacher_autocast, "train.steps": 1, "train.checkpoint_every": 0, "eval.every": 0,
                  "rollout.tasks_per_step": 2, "rollout.max_turns": 2, "rollout.max_new_tokens": 6}
     config = load_config(None, track + [f"{k}={v}" for k, v in overrides.items()],
                          algo_config_cls=algorithm_class("opd").Config)
@@ -131,6 +132,19 @@ def test_the_probe_sees_float32_when_autocast_is_off(tmp_path, monkeypatch):
     """The control: with model.autocast=none the same probe records float32 in every phase."""
     probe, _ = _run_track_step(tmp_path, monkeypatch, autocast="none")
     _check_every_phase(probe, torch.float32, None)
+
+
+@pytest.mark.slow
+def test_a_bf16_teacher_scores_a_float32_student(tmp_path, monkeypatch):
+    """model.teacher_autocast=bfloat16 with the student in float32: the teacher's body and head compute in bf16
+    (its weights stored in bf16), the student's rollout and update stay float32, and the step trains."""
+    probe, record = _run_track_step(tmp_path, monkeypatch, autocast="none", teacher_autocast="bfloat16")
+    assert probe.products[("teacher", "teacher")] == {torch.bfloat16}, probe.products
+    for phase in ("rollout", "update"):
+        assert probe.products[(phase, "student")] == {torch.float32}, probe.products
+        assert probe.heads[(phase, "student")] == {None}, probe.heads
+    assert probe.grads["update"] == {torch.float32}, probe.grads
+    assert record["agent_tokens"] > 0 and record["loss"] == record["loss"]  # a number, not NaN
 
 
 def test_a_frozen_model_under_autocast_stores_its_projections_in_bf16_with_the_same_logits():

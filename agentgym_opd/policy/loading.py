@@ -236,9 +236,10 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def load_student(name: str | None, model: Any, *, trainable: bool) -> Any:
+def load_student(name: str | None, model: Any, *, trainable: bool, autocast: str | None = None) -> Any:
     """An HFPolicy for a run's `model.student` / `model.teacher` (`model` is the run's ModelConfig): a named
-    offline model or a local path, with LoRA on a trainable student when `model.lora_rank` > 0."""
+    offline model or a local path, with LoRA on a trainable student when `model.lora_rank` > 0. ``autocast``:
+    this model's forwards' dtype when it differs from ``model.autocast`` (the teacher's `model.teacher_autocast`)."""
     from agentgym_opd.policy.hf import HFPolicy, LoraConfig
 
     if not name:
@@ -249,13 +250,14 @@ def load_student(name: str | None, model: Any, *, trainable: bool) -> Any:
     kwargs = {"gguf_file": model.gguf_file} if model.gguf_file else {}
     policy = HFPolicy.from_pretrained(model_path(name), dtype=model.dtype, lora=lora, device=resolve_device(model.device),
                                       **kwargs)
-    if getattr(model, "autocast", "none") != "none":
+    autocast = autocast or getattr(model, "autocast", "none")
+    if autocast != "none":
         from agentgym_opd.policy.precision import enable_autocast
 
-        enable_autocast(policy.model, model.autocast)
+        enable_autocast(policy.model, autocast)
     if not trainable:
         policy.model.requires_grad_(False)
-        if getattr(model, "autocast", "none") != "none":  # bf16 decoding needs the weights stored in bf16
+        if autocast != "none":  # bf16 decoding needs the weights stored in bf16
             from agentgym_opd.policy.precision import store_frozen_projections
 
             store_frozen_projections(policy.model)
