@@ -13,6 +13,7 @@ truncated distribution (its ratio is exact only without top-k/top-p).
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Sequence
@@ -23,7 +24,7 @@ from agentgym_opd.distributed import is_fsdp, unwrap_model
 from agentgym_opd.policy.base import Generation, SamplingParams, TokenScores, tail_logprob
 from agentgym_opd.policy.chat import end_of_turn_token_ids, prompt_ids
 from agentgym_opd.policy.kv_cache import slab_cache
-from agentgym_opd.policy.precision import decode_autocast
+from agentgym_opd.policy.precision import autocast_across_calls
 from agentgym_opd.policy.sampling import draw, row_seed_words, row_seeds, sampling_logits
 
 
@@ -392,10 +393,10 @@ class _ChunkedHead(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, fn, step, n_params, *params):  # type: ignore[override]
-        ctx.fn, ctx.step = fn, step
+    def forward(ctx, hidden, fn, step, autocast, *params):  # type: ignore[override]
+        ctx.fn, ctx.step, ctx.autocast = fn, step, autocast
         ctx.save_for_backward(hidden, *params)
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             parts = [fn(hidden[:, a: a + step], a, min(a + step, hidden.shape[1]))
                      for a in range(0, hidden.shape[1], step)]
         outs = tuple(torch.cat([p[k] for p in parts], dim=1) for k in range(len(parts[0])))
@@ -408,22 +409,23 @@ class _ChunkedHead(torch.autograd.Function):
         wanted = [p for p in params if p.requires_grad]
         grad_hidden = torch.zeros_like(hidden)
         grad_params = [torch.zeros_like(p) for p in wanted]
-        for a in range(0, hidden.shape[1], ctx.step):
-            b = min(a + ctx.step, hidden.shape[1])
-            with torch.enable_grad():
-                h = hidden[:, a:b].detach().requires_grad_()
-                outs = ctx.fn(h, a, b)
-                pairs = [(o, g[:, a:b]) for o, g in zip(outs, grads)
-                         if g is not None and o.requires_grad and o.is_floating_point()]
-                if not pairs:
-                    continue
-                got = torch.autograd.grad([o for o, _ in pairs], [h, *wanted], [g for _, g in pairs],
-                                          allow_unused=True)
-            if got[0] is not None:
-                grad_hidden[:, a:b] = got[0]
-            for buffer, g in zip(grad_params, got[1:]):
-                if g is not None:
-                    buffer += g
+        with ctx.autocast():  # the head's weight is cast once for all chunks (autocast caches it in a context)
+            for a in range(0, hidden.shape[1], ctx.step):
+                b = min(a + ctx.step, hidden.shape[1])
+                with torch.enable_grad():
+                    h = hidden[:, a:b].detach().requires_grad_()
+                    outs = ctx.fn(h, a, b)
+                    pairs = [(o, g[:, a:b]) for o, g in zip(outs, grads)
+                             if g is not None and o.requires_grad and o.is_floating_point()]
+                    if not pairs:
+                        continue
+                    got = torch.autograd.grad([o for o, _ in pairs], [h, *wanted], [g for _, g in pairs],
+                                              allow_unused=True, retain_graph=True)
+                if got[0] is not None:
+                    grad_hidden[:, a:b] = got[0]
+                for buffer, g in zip(grad_params, got[1:]):
+                    if g is not None:
+                        buffer += g
         it = iter(grad_params)
         return (grad_hidden, None, None, None, *[next(it) if p.requires_grad else None for p in params])
 
@@ -436,9 +438,12 @@ def chunked_over_positions(model: Any, hidden: torch.Tensor, fn: Any, step: int)
     time in the backward pass too.
     """
     params = list(output_head(model).parameters())
+    autocast = functools.partial(autocast_across_calls, model)
     if torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in params)):
-        return _ChunkedHead.apply(hidden, fn, step, len(params), *params)
-    parts = [fn(hidden[:, a: a + step], a, min(a + step, hidden.shape[1])) for a in range(0, hidden.shape[1], step)]
+        return _ChunkedHead.apply(hidden, fn, step, autocast, *params)
+    with autocast():
+        parts = [fn(hidden[:, a: a + step], a, min(a + step, hidden.shape[1]))
+                 for a in range(0, hidden.shape[1], step)]
     return tuple(torch.cat([p[k] for p in parts], dim=1) for k in range(len(parts[0])))
 
 
@@ -557,7 +562,7 @@ class KVSession:
         was_training = model.training
         model.eval()
         try:
-            with decode_autocast(model):  # one context: the weights' bf16 casts are made once, not per token
+            with autocast_across_calls(model):  # one context: the weights' bf16 casts are made once, not per token
                 return self._run(rows, seqs, new_ids, params, row_seeds(len(rows), params.seed, seeds))
         finally:
             model.train(was_training)

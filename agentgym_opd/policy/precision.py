@@ -72,13 +72,15 @@ def autocast_of(model: Any) -> torch.dtype | None:
     return getattr(bare, _MARK, None)
 
 
-def decode_autocast(model: Any) -> Any:
-    """A context for a whole decode (many one-token forwards) of a model that autocasts, else a no-op.
+def autocast_across_calls(model: Any) -> Any:
+    """A context around many forwards of a model that autocasts (a decode's one-token forwards, a chunked head's
+    chunks), else a no-op.
 
     Each hooked forward enters and leaves its own autocast context, and leaving the outermost one drops
     autocast's cache of the weights' bf16 casts: one-token forwards would then cast every weight again per token,
-    which made decoding slower than float32 (measured 0.75x). Inside one outer context the casts of the trainable
-    weights are made once per call (1.27x, bf16 weights 1.4x: `benchmarks/bench_smollm2_opd_step.py`)."""
+    which made decoding slower than float32 (measured 0.75x), and a chunked output head would cast its [V, H]
+    weight again per chunk, forward and backward. Inside one outer context the casts of the trainable
+    weights are made once per call (decoding 1.27x, bf16 weights 1.4x: `benchmarks/bench_smollm2_opd_step.py`)."""
     import contextlib
 
     dtype = autocast_of(model)
