@@ -203,7 +203,9 @@ def report(timings: dict, precision: dict, args: argparse.Namespace, load_before
                     lines.append(f"  {name}: {threads} threads against 1, whole step {one['step_s'] / max(r['step_s'], 1e-9):.2f}x "
                                  f"(rollout {one['rollout_s'] / max(r['rollout_s'], 1e-9):.2f}x, update "
                                  f"{one['update_s'] / max(r['update_s'], 1e-9):.2f}x)")
-    if "error" in precision:
+    if precision.get("skipped"):
+        lines.append("Precision comparison not run (--skip-precision).")
+    elif "error" in precision:
         lines.append(f"Precision comparison failed: {precision['error']}")
     else:
         p = precision
@@ -255,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             timings[(threads, name)] = r = spawn("timing", args, threads=threads, variant=name)
             print(f"    {json.dumps(r)}", file=sys.stderr, flush=True)  # kept if the run is stopped later
     timings = {k: timings[k] for k in sorted(timings, key=lambda k: (k[0], list(VARIANTS).index(k[1])))}
-    precision = {"error": ["skipped"]} if args.skip_precision else spawn("precision", args, threads=max(args.threads))
+    precision = {"skipped": True} if args.skip_precision else spawn("precision", args, threads=max(args.threads))
     print(report(timings, precision, args, load_before, load()))
     return 0
 
