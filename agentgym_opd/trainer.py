@@ -191,14 +191,7 @@ class Trainer:
         self.rollout_copy = (load_student(config.model.student, config.model, trainable=False)
                              if D.is_fsdp(self.algorithm.model) else None)
         self.vllm = make_vllm_engine(config) if config.model.backend == "vllm" else None
-        # under autocast a trainable student casts its float32 weights again at every decoded token's forward;
-        # rollouts decode from a frozen copy stored in the autocast dtype instead (the same products, nothing to
-        # cast: `store_frozen_projections`), refreshed after every update
-        decode_in_copy = (config.model.autocast != "none" and not config.model.lora_rank and self.rollout_copy is None
-                          and self.vllm is None)
-        self.decode_copy = load_student(config.model.student, config.model, trainable=False) if decode_in_copy else None
-        self._sync_decode_copy()
-        rollout_policy = self.vllm or self.rollout_copy or self.decode_copy or self.student
+        rollout_policy = self.vllm or self.rollout_copy or self.student
         self.engine = RolloutEngine(
             rollout_policy, SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p),
             max_context_tokens=config.model.max_seq_len, system_prompt=r.system_prompt or None,
@@ -275,16 +268,8 @@ class Trainer:
             self._log(record)
         return record
 
-    def _sync_decode_copy(self) -> None:
-        """The student's weights into the frozen decoding copy (cast to its storage dtype), if there is one."""
-        if self.decode_copy is not None:
-            with torch.no_grad():
-                self.decode_copy.model.load_state_dict(self.student.model.state_dict())
-
     def _sync_rollout_copy(self) -> None:
-        """After an update: the student's weights into the copy rollouts decode from: FSDP's gathered weights into
-        the unsharded copy (a collective), the bf16 decoding copy, then vLLM."""
-        self._sync_decode_copy()
+        """After an update: FSDP's gathered weights into the unsharded copy (a collective); then into vLLM."""
         if self.rollout_copy is not None:
             full = D.full_state_dict(self.algorithm.model, self.dist, rank0_only=False)
             self.rollout_copy.model.load_state_dict(full, strict=False)
@@ -385,7 +370,6 @@ class Trainer:
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.step = int(state["step"])
-        self._sync_decode_copy()
         if self.vllm is not None:
             self.vllm.sync_weights(self.student.model)
         self._truncate_metrics()

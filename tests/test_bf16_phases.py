@@ -90,8 +90,6 @@ def _run_track_step(tmp_path, monkeypatch, *, autocast: str, lora_rank: int = 0,
     probe = PhaseProbe(monkeypatch)
     trainer = Trainer(config, env_overrides={"num_tasks": 4}, progress=False)
     probe.watch(trainer.student.model, "student")
-    if trainer.decode_copy is not None:  # rollouts decode from the student's frozen bf16 copy
-        probe.watch(trainer.decode_copy.model, "student")
     probe.watch(trainer.teacher.model, "teacher")
     trainer.train()
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
@@ -216,30 +214,3 @@ def test_a_chunked_output_head_casts_its_weight_once_forward_and_once_backward()
     # each chunk's weight gradient comes out of a bf16 product (rounded to 8 bits of mantissa) before the float32
     # sum: chunkings differ by that rounding, not more
     assert float((grads[0] - grads[1]).norm() / grads[1].norm()) < 1e-2
-
-
-@pytest.mark.slow
-def test_rollouts_decode_from_a_bf16_copy_that_follows_every_update(tmp_path):
-    """Under bf16 autocast (no LoRA) the trainer decodes from a frozen copy of the student stored in bf16, refreshed
-    after each update: after two updates its logits are the trainable student's under autocast, bit for bit, and a
-    float32 run keeps no copy."""
-    from agentgym_opd.config import load_config
-    from agentgym_opd.trainer import Trainer, algorithm_class
-
-    def trainer(autocast: str) -> Trainer:
-        overrides = {"algorithm": "opd", "env": "household/train", "output_dir": str(tmp_path / autocast),
-                     "model.student": "tiny", "model.teacher": "tiny", "model.device": "cpu", "model.autocast": autocast,
-                     "train.steps": 2, "train.checkpoint_every": 0, "eval.every": 0, "train.lr": 1e-2,
-                     "rollout.tasks_per_step": 2, "rollout.max_turns": 2, "rollout.max_new_tokens": 6}
-        config = load_config(None, [f"{k}={v}" for k, v in overrides.items()], algo_config_cls=algorithm_class("opd").Config)
-        return Trainer(config, env_overrides={"num_tasks": 4}, progress=False)
-
-    assert trainer("none").decode_copy is None
-    run = trainer("bfloat16")
-    assert run.engine.policy is run.decode_copy
-    before = run.decode_copy.model.get_output_embeddings().weight.clone()
-    run.train()
-    assert not torch.equal(before, run.decode_copy.model.get_output_embeddings().weight)  # it followed the updates
-    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
-    with torch.no_grad():
-        assert torch.equal(run.decode_copy.model(input_ids=ids).logits, run.student.model(input_ids=ids).logits)
