@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from agentgym_opd.cpu_threads import add_threads_argument, apply_threads
 from evaluation.policy_eval import episodes_path
 from evaluation.runner import SCRIPTED_AGENTS
 
@@ -57,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "env family's)")
     model.add_argument("--system-prompt", default=None,
                        help="system prompt text ('' = none; default: the checkpoint's, else the env family's)")
+    add_threads_argument(model)
     model.add_argument("--memory-budget-gb", type=float, default=2.0,
                        help="memory the weights and the batch of episodes may use together (sizes the batch)")
     model.add_argument("--transcripts", type=int, default=10, metavar="N",
@@ -148,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
 
     seeds = command_seeds(args)
     try:
+        apply_threads(args.threads)
         records = _records(args, list(seeds), _env_args(args.env_arg))
     except (UnknownIdError, UnknownTaskError, DataNotFoundError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)  # bad input: the message says what to do, no traceback

@@ -17,6 +17,8 @@ import os
 import sys
 from pathlib import Path
 
+from agentgym_opd.cpu_threads import add_threads_argument, apply_threads
+
 HELP = "train a student with a registered algorithm on a registered env"
 
 
@@ -33,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="env constructor option (JSON value), for training and evaluation envs")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_threads_argument(parser)
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="config overrides, e.g. train.steps=10 train.lr=1e-4 rollout.group_size=4")
 
@@ -76,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from agentgym_opd.trainer import Trainer, algorithm_class
 
     try:
+        apply_threads(args.threads)
         algo_cls = algorithm_class(args.algo) if args.algo else None
         teacher, teachers = parse_teacher_flags(args.teacher)
         overrides = ([f"model.teachers={json.dumps(teachers)}"] if teachers else []) + list(args.overrides) \
