@@ -183,6 +183,9 @@ class JVMSimulatorEnv:
     """
 
     simulator = "The simulator"
+    # the JVM child each instance starts (RSS measured on 2026-12-06: ScienceWorld 520-600 MB per JVM during a
+    # 50-game eval), counted by `agentgym_opd.playing.rows_for_memory` when it sizes a batch of games
+    process_memory_bytes = 600 * 2**20
     restarts: int
     engine: Any
 

@@ -9,7 +9,8 @@ losing them all to an interrupt.
 
 `rows_for_memory` sizes a batch to a memory budget from the model's shape: the weights, and per row the
 KV cache of a full context (with the in-place cache's spare room), the prefill's activations, and the
-logits of the one position each row samples from (the HF backend computes no others).
+logits of the one position each row samples from (the HF backend computes no others), plus what each
+row's env instance holds outside this process (a simulator's JVM: `registry.env_instance_memory`).
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def play_tasks(
     return batch.episodes
 
 
-def rows_for_memory(policy: Any, max_context_tokens: int, budget_bytes: int) -> int:
-    """How many episodes fit side by side in `budget_bytes` (at least 1; see the module docstring)."""
+def rows_for_memory(policy: Any, max_context_tokens: int, budget_bytes: int, env_bytes: int = 0) -> int:
+    """How many episodes fit side by side in `budget_bytes` (at least 1; see the module docstring).
+    ``env_bytes``: what one env instance holds outside this process (`registry.env_instance_memory`)."""
     model = getattr(policy, "model", None)
     config = getattr(model, "config", None)
     if model is None or config is None:
@@ -82,5 +84,5 @@ def rows_for_memory(policy: Any, max_context_tokens: int, budget_bytes: int) -> 
     kv = 2 * layers * kv_heads * head_dim * value_bytes * 9 // 8  # up to an eighth spare room (kv_cache.py)
     activations = (4 * hidden + 2 * intermediate) * value_bytes
     logits = 3 * vocab * 4  # last-position logits, float32, plus the sampler's softmax and cumulative sum
-    per_row = max_context_tokens * (kv + activations) + logits
+    per_row = max_context_tokens * (kv + activations) + logits + env_bytes
     return max(1, int((budget_bytes - weights) // per_row))

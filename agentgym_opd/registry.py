@@ -248,6 +248,14 @@ def env_protocol(id: str, *, action_parser: str | None = None, system_prompt: st
     return env_registry.protocol(id, action_parser=action_parser, system_prompt=system_prompt)
 
 
+def env_instance_memory(id: str) -> int:
+    """Bytes one instance of the env holds outside this process's Python heap (``process_memory_bytes`` of its
+    class: a JVM child for ScienceWorld and TextWorldExpress), 0 when it declares none or is a factory function.
+    Batch sizing counts it per row: 23 ScienceWorld games side by side started 23 JVMs, 12 GB."""
+    factory = load_entry_point(env_registry.spec(id).entry_point)
+    return int(getattr(factory, "process_memory_bytes", 0) or 0)
+
+
 def list_envs() -> list[Spec]:
     return env_registry.list()
 

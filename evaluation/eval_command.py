@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="system prompt text ('' = none; default: the checkpoint's, else the env family's)")
     add_threads_argument(model)
     model.add_argument("--memory-budget-gb", type=float, default=2.0,
-                       help="memory the weights and the batch of episodes may use together (sizes the batch)")
+                       help="memory the weights and the batch of episodes may use together, the envs' own processes "
+                            "included (a ScienceWorld or TextWorldExpress game starts a ~0.6 GB JVM; sizes the batch)")
     model.add_argument("--transcripts", type=int, default=10, metavar="N",
                        help="with --out: full transcripts of the first N episodes in FILE.episodes.jsonl")
     model.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', ... (HF backend)")

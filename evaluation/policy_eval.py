@@ -242,6 +242,7 @@ def evaluate_policy(
     Cheap checks (settings, env id, tasks, policy path, parser) run before the model is loaded."""
     from agentgym_opd.action_parsing import get_parser
     from agentgym_opd.playing import play_tasks, rows_for_memory
+    from agentgym_opd.registry import env_instance_memory
     from agentgym_opd.policy.base import SamplingParams
 
     _check_settings(seeds=seeds, samples=samples, temperature=temperature, episodes=episodes, num_envs=num_envs,
@@ -273,7 +274,8 @@ def evaluate_policy(
 
         hf_logging.disable_progress_bar()
     model = load_policy(source, backend=backend, device=device, dtype=dtype, max_context_tokens=context, seed=seeds[0])
-    batch_size = num_envs or rows_for_memory(model, context, int(memory_budget_gb * 2**30))
+    batch_size = num_envs or rows_for_memory(model, context, int(memory_budget_gb * 2**30),
+                                             env_bytes=env_instance_memory(env_id))
     k_values = tuple(sorted({*DEFAULT_K_VALUES, samples}))
     records = []
     for i, seed in enumerate(seeds):

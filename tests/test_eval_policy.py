@@ -288,3 +288,22 @@ def test_bench_tasks_are_each_seeds_block_exactly_as_the_bench_evaluates_it(tmp_
         played = [json.loads(line)["task_id"] for line in (tmp_path / f"rec.seed{seed}.episodes.jsonl").read_text().splitlines()]
         assert sorted(played) == sorted(plain[first:first + 2])
         assert record["provenance"]["tasks_sha256"] == tasks_sha256([env.get_task(t) for t in plain[first:first + 2]])
+
+
+def test_a_batch_of_simulator_games_counts_each_games_jvm():
+    """ScienceWorld and TextWorldExpress start a JVM per game: the batch sizing counts it (23 ScienceWorld games
+    side by side under a 4 GB budget once started 23 JVMs, 12 GB, and the machine killed a training job)."""
+    from agentgym_opd.playing import rows_for_memory
+    from agentgym_opd.policy.loading import load_student
+    from agentgym_opd.config import ModelConfig
+    from agentgym_opd.registry import env_instance_memory
+
+    assert env_instance_memory("household/valid_unseen") == 0
+    jvm = env_instance_memory("scienceworld/find-living-thing")
+    assert jvm == env_instance_memory("textworld_express/coin") >= 512 * 2**20
+    policy = load_student("tiny", ModelConfig(), trainable=False)
+    weights = sum(p.numel() * p.element_size() for p in policy.model.parameters())
+    budget = weights + 4 * 2**30
+    plain = rows_for_memory(policy, 2048, budget)
+    with_jvms = rows_for_memory(policy, 2048, budget, env_bytes=jvm)
+    assert with_jvms <= 4 * 2**30 // jvm < plain  # the JVMs alone fit the budget, not more
