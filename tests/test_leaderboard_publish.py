@@ -380,7 +380,9 @@ def test_publish_a_result_end_to_end_with_a_plugin_method(tmp_path):
     assert record["algorithm"] == "my_opd" and record["budget"]["rollout_episodes"] == 4  # 2 steps x 2 tasks
     assert record["student"] == "household-student-64x2-1000steps"  # named as the bench's rows, not by a path
     md = (tmp_path / "lb" / "LEADERBOARD.md").read_text()
-    row = next(line for line in md.splitlines() if "| my_opd |" in line and line.startswith("| ") and line[2].isdigit())
+    # a checkout with uncommitted work publishes the row marked "(dirty tree)" (--allow-dirty above)
+    row = next(line for line in md.splitlines() if ("| my_opd |" in line or "| my_opd (dirty tree) |" in line)
+               and line.startswith("| ") and line[2].isdigit())
     # greedy, 16 tokens, 20 turns, text parser, the env's prompt and the bench's env options, on the bench's
     # 100 tasks of seed 0: the bench's protocol, so named like the bench's rows and not marked
     assert " * " not in row and row.endswith("| same as bench |"), row
