@@ -166,6 +166,23 @@ def test_the_tiny_track_runs_end_to_end_and_a_killed_track_resumes(monkeypatch, 
     run_bench(settings, log=lambda line: None)
     assert ran == []
 
+    # published: the track's records form their own table, named by the pair, and say how to rerun the track
+    from evaluation.bench.publish import import_bench
+    from evaluation.leaderboard import Leaderboard
+
+    board = Leaderboard(tmp_path / "board")
+    written = import_bench(tmp_path / "out", board, allow_dirty=True, episodes=1, log=lambda line: None)
+    published = [json.loads(Path(p).read_text()) for p in written]
+    assert {r["algorithm"] for r in published} == {"warm_start", "warm_start+context", "teacher", "opd"}
+    assert {tuple(r["provenance"]["command"]) for r in published} == {
+        ("agentgym-opd", "bench", "--track", "tiny-alfworld-test", "--output-dir", str(tmp_path / "out"))}
+    opd = next(r for r in published if r["algorithm"] == "opd" and r["env_id"] == "alfworld/valid_unseen")
+    assert opd["budget"]["rollout_episodes"] == 2 and opd["episodes"]
+    board.build()
+    md = (tmp_path / "board" / "LEADERBOARD.md").read_text()
+    title = next(line for line in md.splitlines() if line.startswith("## alfworld: from tiny-alfworld-student"))
+    assert "teacher tiny-alfworld-teacher" in title
+
 
 def test_claims_say_the_judge_was_not_tested_when_it_gave_every_turn_one_label():
     """Readable but uniform verdicts (zero-shot SmolLM2 answered "Weak" to all 42 turns it read) separate no turns."""
@@ -188,3 +205,24 @@ def test_the_judges_label_statistics_give_the_share_of_its_commonest_label():
     counts = verdicts.counts()
     assert counts["judge_modal_label_share"] == 1.0  # the error-forced Strong and the default are not the judge's
     assert training_diagnostics([{**counts}])["judge_modal_label_share"] == 1.0
+
+
+def test_a_track_records_command_is_the_track_and_the_flags_that_changed_its_preset(tmp_path):
+    """import-bench stamps a track's records with `bench --track NAME` plus only what differs from the preset (the
+    preset's own values, such as its 24-token turns, have no flag and must not refuse the import)."""
+    from evaluation.bench.publish import bench_command
+    from evaluation.records import RecordError
+
+    def command(**changes):
+        return bench_command(track_settings("smollm2-alfworld", output_dir="out", **changes).__dict__)
+
+    assert command() == ["agentgym-opd", "bench", "--track", "smollm2-alfworld", "--output-dir", "out"]
+    assert command(algos=["opd", "sdpo"], seeds=[0, 1]) == [
+        "agentgym-opd", "bench", "--track", "smollm2-alfworld", "--seeds", "0,1", "--algos", "opd,sdpo",
+        "--output-dir", "out"]
+    assert command(eval_envs=["alfworld/valid_unseen"], overrides=["train.lr=1e-5"])[4:] == [
+        "--eval-env", "alfworld/valid_unseen", "--output-dir", "out", "train.lr=1e-5"]
+    quick = track_settings("smollm2-alfworld", quick=True, output_dir="out").__dict__
+    assert bench_command(quick)[:5] == ["agentgym-opd", "bench", "--track", "smollm2-alfworld", "--quick"]
+    with pytest.raises(RecordError, match="max_new_tokens"):
+        command(max_new_tokens=32)
