@@ -41,17 +41,22 @@ NO_FLAG = ("eval_points", "eval_seed", "warm_lr", "warm_context_fraction", "teac
 
 
 def bench_command(settings: dict[str, Any]) -> list[str]:
-    """The `agentgym-opd bench` argv that means these settings (``--quick`` when it is the closer base)."""
+    """The `agentgym-opd bench` argv that means these settings: the bench (or ``--track NAME``), ``--quick`` when
+    that preset is the closer one, and a flag for each setting that differs from the preset."""
     from evaluation.bench.settings import BenchSettings
 
-    if settings.get("track"):
-        return track_command(settings)
-    quick = BenchSettings.quick(env=settings["env"]).__dict__
-    full = BenchSettings.full(env=settings["env"]).__dict__
+    track = settings.get("track")
+    if track:
+        from evaluation.bench.tracks import track_settings
+
+        presets = {quick: track_settings(track, quick=quick).__dict__ for quick in (False, True)}
+    else:
+        presets = {False: BenchSettings.full(env=settings["env"]).__dict__,
+                   True: BenchSettings.quick(env=settings["env"]).__dict__}
     differs = lambda base: sum(settings.get(k) != base.get(k) for k in [*FLAGS, *NO_FLAG, "seeds", "env_args"])  # noqa: E731
-    use_quick = differs(quick) <= differs(full)
-    base = quick if use_quick else full
-    argv = ["agentgym-opd", "bench"] + (["--quick"] if use_quick else [])
+    use_quick = differs(presets[True]) <= differs(presets[False])
+    base = presets[use_quick]
+    argv = ["agentgym-opd", "bench"] + (["--track", track] if track else []) + (["--quick"] if use_quick else [])
     fixed = [k for k in NO_FLAG if settings.get(k) != base.get(k)]
     if fixed:
         raise RecordError(f"the bench changed {fixed}, which no bench flag sets: pass the command with --command")
@@ -63,10 +68,10 @@ def bench_command(settings: dict[str, Any]) -> list[str]:
     if settings.get("env_args") is not None and settings["env_args"] != base.get("env_args"):
         for k, v in sorted(settings["env_args"].items()):
             argv += ["--env-arg", f"{k}={json.dumps(v)}"]
-    if settings.get("algos"):
+    if settings.get("algos") and settings["algos"] != base.get("algos"):
         argv += ["--algos", ",".join(settings["algos"])]
-    for env_id in settings.get("eval_envs") or []:
-        argv += ["--eval-env", env_id]
+    if settings.get("eval_envs") and settings["eval_envs"] != base.get("eval_envs"):
+        argv += [x for env_id in settings["eval_envs"] for x in ("--eval-env", env_id)]
     for algo, overrides in sorted((settings.get("algo_overrides") or {}).items()):
         argv += [x for o in overrides for x in ("--algo-set", f"{algo}:{o}")]
     if settings.get("skip_warm_start"):
@@ -76,47 +81,8 @@ def bench_command(settings: dict[str, Any]) -> list[str]:
     if settings.get("device") not in (None, "auto"):
         argv += ["--device", settings["device"]]
     argv += ["--output-dir", str(settings["output_dir"])]
-    return argv + list(settings.get("overrides") or [])
-
-
-def track_command(settings: dict[str, Any]) -> list[str]:
-    """`agentgym-opd bench --track NAME` and the flags whose values differ from the track's preset (or from its
-    ``--quick`` preset, when that is the closer one)."""
-    from evaluation.bench.tracks import track_settings
-
-    name = settings["track"]
-    presets = {quick: track_settings(name, quick=quick).__dict__ for quick in (False, True)}
-    differs = lambda base: sum(settings.get(k) != base.get(k) for k in base if k not in ("output_dir", "jobs", "progress"))  # noqa: E731
-    use_quick = differs(presets[True]) < differs(presets[False])
-    base = presets[use_quick]
-    argv = ["agentgym-opd", "bench", "--track", name] + (["--quick"] if use_quick else [])
-    fixed = [k for k in NO_FLAG if settings.get(k) != base.get(k)]
-    if fixed:
-        raise RecordError(f"the bench changed {fixed}, which no bench flag sets: pass the command with --command")
-    for key, flag in FLAGS.items():
-        if settings.get(key) != base.get(key) and settings.get(key) is not None:
-            argv += [flag, str(settings[key])]
-    if settings["seeds"] != base["seeds"]:
-        argv += ["--seeds", ",".join(map(str, settings["seeds"])) + ("," if len(settings["seeds"]) == 1 else "")]
-    if settings.get("env_args") != base.get("env_args"):
-        for k, v in sorted((settings.get("env_args") or {}).items()):
-            argv += ["--env-arg", f"{k}={json.dumps(v)}"]
-    if settings.get("algos") != base.get("algos"):
-        argv += ["--algos", ",".join(settings["algos"])]
-    if settings.get("eval_envs") != base.get("eval_envs"):
-        argv += [x for env_id in settings.get("eval_envs") or [] for x in ("--eval-env", env_id)]
-    for algo, overrides in sorted((settings.get("algo_overrides") or {}).items()):
-        argv += [x for o in overrides for x in ("--algo-set", f"{algo}:{o}")]
-    if settings.get("skip_warm_start"):
-        argv.append("--skip-warm-start")
-    if settings.get("references") is False:
-        argv.append("--no-references")
-    if settings.get("device") not in (None, "auto"):
-        argv += ["--device", settings["device"]]
-    argv += ["--output-dir", str(settings["output_dir"])]
-    preset_overrides = list(base.get("overrides") or [])
-    given = list(settings.get("overrides") or [])
-    return argv + (given[len(preset_overrides):] if given[:len(preset_overrides)] == preset_overrides else given)
+    preset, given = list(base.get("overrides") or []), list(settings.get("overrides") or [])
+    return argv + (given[len(preset):] if given[:len(preset)] == preset else given)
 
 
 def reference_model(out: Path, name: str, settings: Any) -> Path:
