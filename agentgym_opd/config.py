@@ -116,6 +116,7 @@ class TrainConfig:
     warmup_steps: int = constrained(0, ge=0)
     micro_batch_size: int = constrained(4, ge=1, help="sequences per forward/backward; a step accumulates them all")
     checkpoint_every: int = constrained(0, ge=0, help="steps between checkpoints; 0 = only at the end")
+    keep_checkpoints: int = constrained(0, ge=0, help="checkpoints kept on disk, the newest; 0 = every one")
     strategy: str = constrained("none", choices=("none", "ddp", "fsdp"),
                                 help="data parallelism under torchrun: ddp or fsdp (none = one process)")
 

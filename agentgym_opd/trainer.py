@@ -326,7 +326,22 @@ class Trainer:
         latest = self.output_dir / "checkpoints" / "latest"
         latest.with_suffix(".tmp").write_text(path.name, encoding="utf-8")
         os.replace(latest.with_suffix(".tmp"), latest)  # `latest` moves only once the checkpoint is whole
+        self._prune_checkpoints()
         return path
+
+    def _prune_checkpoints(self) -> None:
+        """Delete all but the newest ``train.keep_checkpoints`` checkpoints (after `latest` moved to the new one,
+        so a kill mid-delete still leaves a whole checkpoint to resume from). A SmolLM2 checkpoint with its
+        optimiser state is ~2 GB: a run that checkpoints every step to be resumable keeps one."""
+        import shutil
+
+        keep = self.config.train.keep_checkpoints
+        if not keep:
+            return
+        steps = sorted((int(p.name.split("_", 1)[1]), p) for p in (self.output_dir / "checkpoints").glob("step_*")
+                       if p.name.split("_", 1)[1].isdigit())
+        for _, old in steps[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
 
     def training_provenance(self, step: int | None = None) -> dict[str, Any]:
         """``training.json``'s content (`agentgym_opd.run_provenance`); with ``step``, the budget spent up to it.

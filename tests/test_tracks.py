@@ -226,3 +226,80 @@ def test_a_track_records_command_is_the_track_and_the_flags_that_changed_its_pre
     assert bench_command(quick)[:5] == ["agentgym-opd", "bench", "--track", "smollm2-alfworld", "--quick"]
     with pytest.raises(RecordError, match="max_new_tokens"):
         command(max_new_tokens=32)
+
+
+@pytest.mark.slow
+def test_a_killed_training_job_continues_from_its_checkpoint_and_keeps_its_finished_splits(monkeypatch, tmp_path):
+    """Inside a job too: killed after its first training step, a track's OPD run continues from that step's
+    checkpoint; killed during its second split's evaluation, the rerun evaluates only the splits left. The
+    final weights and records equal an uninterrupted run's."""
+    import torch
+
+    from agentgym_opd.trainer import Trainer
+    from evaluation.bench.pipeline import run_bench
+
+    monkeypatch.setattr(ap, "cache_root", lambda: tmp_path / "cache")
+    register_track(tiny_alfworld_track("tiny-alfworld-parts", steps=2))
+    monkeypatch.setitem(TRACKS, "tiny-alfworld-parts", TRACKS["tiny-alfworld-parts"])
+
+    def settings(out: str):
+        return track_settings("tiny-alfworld-parts", output_dir=str(tmp_path / out), jobs=1, progress=False,
+                              references=False)
+
+    class Killed(BaseException):
+        """Stands for the process being killed (not an Exception: nothing may catch it)."""
+
+    run_bench(settings("straight"), log=lambda line: None)
+
+    real_save = Trainer.save_checkpoint
+
+    def killed_after_step_one(self):
+        path = real_save(self)
+        if self.step == 1:
+            raise Killed()
+        return path
+
+    monkeypatch.setattr(Trainer, "save_checkpoint", killed_after_step_one)
+    with pytest.raises(Killed):
+        run_bench(settings("out"), log=lambda line: None)
+    monkeypatch.setattr(Trainer, "save_checkpoint", real_save)
+
+    real_evaluate = jobs_module.evaluate_policy
+    evaluated: list[str] = []
+
+    def evaluate(policy, env_id, *args, kill_at=None, **kwargs):
+        evaluated.append(env_id)
+        if len(evaluated) == kill_at:
+            raise Killed()
+        return real_evaluate(policy, env_id, *args, **kwargs)
+
+    monkeypatch.setattr(jobs_module, "evaluate_policy", lambda *a, **k: evaluate(*a, kill_at=2, **k))
+    lines: list[str] = []
+    with pytest.raises(Killed):
+        run_bench(settings("out"), log=lines.append)
+    assert evaluated == ["alfworld/train", "alfworld/valid_seen"]
+    assert not any("resumed from" in line for line in lines)  # the messages of a killed job are not printed
+
+    evaluated.clear()
+    monkeypatch.setattr(jobs_module, "evaluate_policy", lambda *a, **k: evaluate(*a, **k))
+    lines.clear()
+    summary = run_bench(settings("out"), log=lines.append)
+    assert not summary["failures"]
+    assert evaluated == ["alfworld/valid_seen", "alfworld/valid_unseen"]  # alfworld/train was kept
+    assert any("resumed from its step-2 checkpoint" in line for line in lines)
+    assert any("alfworld/train evaluated in an earlier run" in line for line in lines)
+
+    run = tmp_path / "out" / "runs" / "opd" / "seed0"
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_2"]  # one kept
+    state = lambda out: torch.load(tmp_path / out / "runs" / "opd" / "seed0" / "checkpoints" / "step_2" /  # noqa: E731
+                                   "trainer_state.pt", weights_only=False)["trainable"]
+    straight, resumed = state("straight"), state("out")
+    assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+    def metrics(out: str) -> dict:
+        records = [json.loads(p.read_text()) for p in (tmp_path / out / "records").glob("*.json")]
+        return {(r["algorithm"], r["env_id"]): r["metrics"] for r in records}
+
+    assert metrics("out") == metrics("straight") and len(metrics("out")) == 3

@@ -107,3 +107,28 @@ def test_resume_from_a_folder_without_a_checkpoint_is_a_clear_error(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "no checkpoint" in result.stderr and str(empty) in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_keep_checkpoints_leaves_the_newest_and_resume_still_finds_it(tmp_path):
+    """``train.keep_checkpoints=1`` with a checkpoint every step: one checkpoint on disk, the newest, which
+    `latest` names and a resume loads (a SmolLM2 checkpoint is ~2 GB; a resumable bench run keeps one)."""
+    from agentgym_opd.config import load_config
+    from agentgym_opd.trainer import Trainer, algorithm_class
+
+    def trainer(steps: int) -> Trainer:
+        overrides = {"algorithm": "sft", "env": "household/train", "output_dir": str(tmp_path / "run"),
+                     "model.student": "tiny", "model.device": "cpu", "train.steps": steps, "train.checkpoint_every": 1,
+                     "train.keep_checkpoints": 1, "train.lr": 1e-3, "rollout.tasks_per_step": 1, "rollout.max_turns": 2,
+                     "rollout.max_new_tokens": 4, "eval.every": 0}
+        config = load_config(None, [f"{k}={v}" for k, v in overrides.items()], algo_config_cls=algorithm_class("sft").Config)
+        return Trainer(config, progress=False)
+
+    trainer(3).train()
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_3"]
+    assert (checkpoints / "latest").read_text() == "step_3"
+    resumed = trainer(4)
+    resumed.resume(tmp_path / "run")
+    assert resumed.step == 3
+    resumed.train()
+    assert sorted(p.name for p in checkpoints.glob("step_*")) == ["step_4"]

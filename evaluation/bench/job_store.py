@@ -7,6 +7,11 @@ worker count; the student and teacher it starts from). A rerun of the same bench
 key matches and runs only the rest; a changed setting changes the key, so a stale outcome is never reused.
 Failed jobs are not kept: a rerun tries them again. Writes go through a temporary file and a rename, so a kill
 mid-write leaves the previous state, never half a file.
+
+Inside a job, its parts are kept too (a SmolLM2 job trains for half an hour and evaluates for as long): each
+split's evaluation (its records and per-task outcomes) under ``<out>/jobs/parts/``, by the job's key, as it ends;
+a trained run checkpoints every step into its run folder, which is marked with the job's key, and a rerun
+continues from the newest checkpoint (`jobs.train_and_evaluate`).
 """
 
 from __future__ import annotations
@@ -55,6 +60,36 @@ class JobStore:
                               for env, rows in fields["outcomes"].items()}
         return JobOutcome(**fields)
 
+    def part_path(self, job: Any, part: str) -> Path:
+        return self.folder / "parts" / f"{self.path(job).stem}__{part.replace('/', '_')}.json"
+
+    def load_part(self, job: Any, part: str) -> dict[str, Any] | None:
+        """A part of ``job`` (a split's evaluation: ``{"records", "outcomes"}``) kept by an earlier run with the
+        same key, else None. Outcomes come back as {(seed, task): success}."""
+        try:
+            data = json.loads(self.part_path(job, part).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if data.get("key") != self.key(job):
+            return None
+        value = data["value"]
+        if "outcomes" in value:
+            value["outcomes"] = {(int(seed), task): float(v) for seed, task, v in value["outcomes"]}
+        return value
+
+    def save_part(self, job: Any, part: str, value: dict[str, Any]) -> None:
+        """Keep a finished part of a job that is still running (written like `save`: whole or not at all)."""
+        value = dict(value)
+        if "outcomes" in value:
+            value["outcomes"] = [[seed, task, v] for (seed, task), v in value["outcomes"].items()]
+        self._write(self.part_path(job, part), {"key": self.key(job), "value": value})
+
+    def _write(self, target: Path, data: dict[str, Any]) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+
     def save(self, job: Any, outcome: Any) -> None:
         """Keep a finished job's outcome (a failed one is not kept: a rerun tries it again)."""
         if outcome.error is not None:
@@ -62,8 +97,4 @@ class JobStore:
         fields = dataclasses.asdict(outcome)
         fields["outcomes"] = {env: [[seed, task, value] for (seed, task), value in rows.items()]
                               for env, rows in outcome.outcomes.items()}
-        self.folder.mkdir(parents=True, exist_ok=True)
-        target = self.path(job)
-        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"key": self.key(job), "outcome": fields}) + "\n", encoding="utf-8")
-        os.replace(tmp, target)
+        self._write(self.path(job), {"key": self.key(job), "outcome": fields})

@@ -109,15 +109,24 @@ def run_job(job: SFTJob | ReferenceJob | RunJob, context: JobContext) -> JobOutc
         outcome.model_path = str(ensure_base_model(job.spec, progress=settings.progress, log=outcome.messages.append,
                                                    progress_file=_build_progress_file(job, out)))
     elif isinstance(job, ReferenceJob):
+        store = part_store(context)
         policy = load_frozen_policy(job.path, settings)
         for env_id in context.env_ids:
-            by_seed, by_task, wall = evaluate_every_seed(policy, env_id, settings, with_context=job.context)
-            outcome.outcomes[env_id] = {(seed, t): float(by_task[t].success) for seed, ids in by_seed.items() for t in ids}
-            for seed, ids in by_seed.items():  # one record per seed (its tasks), like the trained rows
-                outcome.records.append(build_record(
+            part = store.load_part(job, env_id) if store else None
+            if part is None:
+                by_seed, by_task, wall = evaluate_every_seed(policy, env_id, settings, with_context=job.context)
+                records = [build_record(  # one record per seed (its tasks), like the trained rows
                     env_id, [by_task[t] for t in ids], algorithm=job.name, student=job.label, teacher=None,
                     algorithm_config={"bench": {**context.section, "context": job.context}}, seed=seed,
-                    wall_time_s=wall * len(ids) / len(by_task), curve=None))
+                    wall_time_s=wall * len(ids) / len(by_task), curve=None) for seed, ids in by_seed.items()]
+                part = {"records": records, "outcomes": {(seed, t): float(by_task[t].success)
+                                                         for seed, ids in by_seed.items() for t in ids}}
+                if store:
+                    store.save_part(job, env_id, part)
+            else:
+                outcome.messages.append(f"{job.name}: {env_id} evaluated in an earlier run, read back")
+            outcome.records.extend(part["records"])
+            outcome.outcomes[env_id] = part["outcomes"]
         if job.curve:
             curve_env = resolved_curve_env(settings)
             env_args = eval_env_args(curve_env, settings)
@@ -125,21 +134,42 @@ def run_job(job: SFTJob | ReferenceJob | RunJob, context: JobContext) -> JobOutc
             episodes, _ = evaluate_policy(policy, curve_env, settings, env_args=env_args, tasks=ids)
             outcome.curve_start = sum(e.success for e in episodes) / len(episodes)
     else:
-        outcome.records, outcome.error, outcome.outcomes = train_and_evaluate(job, context)
+        outcome.records, outcome.error, outcome.outcomes = train_and_evaluate(job, context, log=outcome.messages.append)
     outcome.wall_s = time.perf_counter() - started
     return outcome
 
 
-def train_and_evaluate(job: RunJob, context: JobContext) -> tuple[list[dict[str, Any]], str | None, dict[str, Any]]:
+def part_store(context: JobContext) -> Any:
+    """The bench's `JobStore` when it resumes (a track), for the parts of a running job; else None."""
+    if not context.settings.resume:
+        return None
+    from evaluation.bench.job_store import JobStore
+
+    return JobStore(Path(context.settings.output_dir) / "jobs", context)
+
+
+def train_and_evaluate(job: RunJob, context: JobContext, log: Callable[[str], None] = lambda line: None,
+                       ) -> tuple[list[dict[str, Any]], str | None, dict[str, Any]]:
     """One algorithm x seed: (its records, None, outcomes per env), or ([], the error, {}) with the traceback in
     its run folder.
 
     The training curve here starts at the first in-training evaluation; the bench prepends point 0 (the
-    warm start's success, measured by the warm start's own job).
+    warm start's success, measured by the warm start's own job). A bench that resumes (`part_store`) checkpoints
+    every step into a run folder marked with the job's key and continues a killed run from its newest checkpoint
+    (the trainer's resume is exact: the same weights as an uninterrupted run), and keeps each split's evaluation
+    as it ends; the training time of a resumed run adds its earlier steps' rollout and update seconds.
     """
     settings = context.settings
     run_dir = Path(settings.output_dir) / "runs" / job.name / f"seed{job.seed}"
-    shutil.rmtree(run_dir, ignore_errors=True)
+    store = part_store(context)
+    marker = run_dir / "bench_job_key"
+    resumable = (store is not None and marker.is_file() and marker.read_text(encoding="utf-8") == store.key(job)
+                 and (run_dir / "checkpoints" / "latest").is_file())
+    if not resumable:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if store is not None:
+            run_dir.mkdir(parents=True)
+            marker.write_text(store.key(job), encoding="utf-8")
     t0 = time.perf_counter()
     try:
         overrides = run_overrides(settings, job.name, seed=job.seed, run_dir=run_dir, student=context.student_path,
@@ -147,14 +177,25 @@ def train_and_evaluate(job: RunJob, context: JobContext) -> tuple[list[dict[str,
                                   needs_groups=job.needs_groups)
         trainer = _trainer(overrides, job.name, settings)
         algo_config = dict(trainer.config.algo)
+        earlier_s = 0.0
+        if resumable:
+            trainer.resume(run_dir)
+            earlier_s = _steps_seconds(run_dir)
+            log(f"{job.name} seed {job.seed}: resumed from its step-{trainer.step} checkpoint of an earlier run")
         trainer.train()
-        train_wall_s = time.perf_counter() - t0
+        train_wall_s = earlier_s + time.perf_counter() - t0
         curve = training_curve(run_dir, settings.episodes_per_step)
         diagnostics = run_diagnostics(run_dir)
         config = {"algo": algo_config, "bench": {**context.section, "train_wall_time_s": round(train_wall_s, 3)}}
         records, outcomes = [], {}
         curve_env = resolved_curve_env(settings)
         for env_id in context.env_ids:
+            part = store.load_part(job, env_id) if store else None
+            if part is not None:
+                log(f"{job.name} seed {job.seed}: {env_id} evaluated in an earlier run, read back")
+                records.extend(part["records"])
+                outcomes[env_id] = part["outcomes"]
+                continue
             # the trainer's evaluation policy: the student itself, or its unsharded copy under FSDP
             episodes, wall = evaluate_policy(trainer.eval_engine.policy, env_id, settings,
                                              env_args=eval_env_args(env_id, settings),
@@ -166,6 +207,8 @@ def train_and_evaluate(job: RunJob, context: JobContext) -> tuple[list[dict[str,
                                         curve=curve if env_id == curve_env else None))
             if diagnostics:  # e.g. SAGE-OPD's share of unreadable judge verdicts (the claims table reads it)
                 records[-1]["training"] = dict(diagnostics)
+            if store is not None:
+                store.save_part(job, env_id, {"records": [records[-1]], "outcomes": outcomes[env_id]})
         return records, None, outcomes
     except BenchError:
         raise
@@ -173,6 +216,15 @@ def train_and_evaluate(job: RunJob, context: JobContext) -> tuple[list[dict[str,
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
         return [], f"{type(err).__name__}: {err}", {}
+
+
+def _steps_seconds(run_dir: Path) -> float:
+    """Rollout and update seconds of the steps in a run's metrics.jsonl (a resumed run's earlier training)."""
+    import json
+
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] if path.is_file() else []
+    return sum(float(r.get("rollout_s", 0.0)) + float(r.get("update_s", 0.0)) for r in rows)
 
 
 def run_diagnostics(run_dir: Path) -> dict[str, float]:

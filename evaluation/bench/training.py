@@ -80,6 +80,8 @@ def run_overrides(settings: BenchSettings, name: str, *, seed: int, run_dir: Pat
         f"rollout.temperature={settings.temperature}", f"eval.every={every}",
         f"eval.episodes={curve_episodes}", f"eval.env={curve_env}",
         f"eval.seed={settings.eval_seed}"]
+    if settings.resume:  # a killed run continues from its newest checkpoint (`jobs.train_and_evaluate`); keep one
+        overrides += ["train.checkpoint_every=1", "train.keep_checkpoints=1"]
     if needs_teacher:
         if not teacher:
             raise BenchError(f"{name} needs a teacher and none was trained or given (--teacher PATH)")
