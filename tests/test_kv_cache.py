@@ -101,3 +101,51 @@ def test_released_rows_leave_no_columns_behind_and_the_others_sample_as_before()
     want = policy.generate([short_seq, joined], params, seeds=[5, 6])
     for g, w in zip(got, want):
         assert g.token_ids == w.token_ids and max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs)) < 1e-4
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "bool per head", "additive"])
+def test_decode_attention_is_sdpa_with_grouped_heads(mask_kind):
+    """The one-token decode path (bf16 on CPU) computes SDPA's function: in float32 it equals SDPA with
+    `enable_gqa` (head grouping, scale and masks right), and in bf16 it stays within the rounding of its bf16
+    scores of a float64 reference (HF eager attention's numerics; the fused kernel is 5-8x slower there)."""
+    from agentgym_opd.policy.kv_cache import decode_attention
+
+    torch.manual_seed(0)
+    b, heads, kv_heads, length, d = 5, 9, 3, 37, 16
+    q, k, v = torch.randn(b, heads, 1, d) * 2, torch.randn(b, kv_heads, length, d) * 2, torch.randn(b, kv_heads, length, d)
+    keep = torch.rand(b, 1, 1, length) > 0.3
+    keep[..., -1] = True  # a decode step always sees its own token
+    mask = {"none": None, "bool": keep, "bool per head": keep.expand(b, heads, 1, length).clone(),
+            "additive": torch.zeros(b, 1, 1, length).masked_fill(~keep, float("-inf"))}[mask_kind]
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=None if mask is None else mask if mask.dtype == torch.bool else mask.double(),
+        enable_gqa=True).transpose(1, 2)
+    exact = decode_attention(q, k, v, mask)
+    assert exact.shape == (b, 1, heads, d)
+    torch.testing.assert_close(exact.double(), reference, rtol=1e-5, atol=1e-5)
+    bf16 = decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), None if mask is None else mask if mask.dtype == torch.bool else mask.bfloat16())
+    assert bf16.dtype == torch.bfloat16 and (bf16.double() - reference).abs().max() < 0.1
+
+
+def test_bf16_decode_steps_take_the_decode_path_and_match_a_whole_sequence_forward(monkeypatch):
+    """Under bf16 autocast a cached one-token step goes through `decode_attention`, and its logits are those of a
+    whole-sequence forward (the fused kernel) at that position, within bf16 rounding, with the same argmax."""
+    import agentgym_opd.policy.kv_cache as kv
+    from transformers import AutoTokenizer
+
+    from agentgym_opd.policy.precision import enable_autocast
+
+    policy = HFPolicy(enable_autocast(_gqa_model(), "bfloat16"), AutoTokenizer.from_pretrained(default_tiny_model()))
+    calls = []
+    real = kv.decode_attention
+    monkeypatch.setattr(kv, "decode_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ids = torch.randint(0, 64, (3, 12))
+    with torch.no_grad():
+        out = policy.model(input_ids=ids, use_cache=True)
+        assert not calls  # a prefill is not a decode step
+        nxt = out.logits[:, -1:].argmax(-1)
+        step = policy.model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True).logits[:, -1]
+        assert calls, "a one-token bf16 step must take the decode path"
+        whole = policy.model(input_ids=torch.cat([ids, nxt], 1)).logits[:, -1]
+    torch.testing.assert_close(step, whole, rtol=0.02, atol=0.02)
+    assert torch.equal(step.argmax(-1), whole.argmax(-1))

@@ -12,7 +12,14 @@ query head (`repeat_kv`: three more copies) before attending. Both are avoidable
 - `gqa_sdpa` is Transformers' SDPA attention with the KV heads shared through SDPA's own `enable_gqa`
   (no materialised repeat), registered under the name `"gqa_sdpa"` in Transformers' attention registry.
 
-Both give the same numbers as the stock path (same kernels, same order of operations per head).
+Both give the same numbers as the stock path (same kernels, same order of operations per head), except one
+case: a one-token decode step under bf16 / fp16 autocast on a CPU. There torch's fused SDPA kernel runs 5-8x
+slower than in float32 (one thread, 140 rows x 1,000 cached tokens: 137 ms a layer against 17 ms for two batched
+matrix products), and autocast first casts the whole float32 key cache to bf16 (the rotary embedding leaves the
+keys in float32), so a bf16 evaluation's decoding was mostly attention. `decode_attention` computes that step
+as two matrix products instead: the scores in float32 from the float32 keys (no copy of the cache), softmax in
+float32, the weighted sum of the bf16 values in bf16. Its numbers differ from the fused kernel's within bf16
+rounding (`tests/test_kv_cache.py`).
 """
 
 from __future__ import annotations
@@ -100,11 +107,36 @@ def gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, va
     mask = attention_mask
     if mask is not None and mask.dim() == 4:
         mask = mask[:, :, :, : key.shape[-2]]
+    if query.shape[2] == 1 and query.device.type == "cpu" and not dropout:
+        low = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype
+        if low in (torch.bfloat16, torch.float16):  # the fused kernel's slow case (module docstring)
+            with torch.autocast("cpu", enabled=False):
+                return decode_attention(query, key, value, mask, scaling).to(low), None
     is_causal = query.shape[2] > 1 and mask is None and getattr(module, "is_causal", True)
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, is_causal=is_causal,
         enable_gqa=groups > 1)
     return out.transpose(1, 2).contiguous(), None
+
+
+def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                     scaling: float | None = None) -> torch.Tensor:
+    """One new token's attention over the cache, [B, 1, heads, d] out: ``softmax(q k^T * scale + mask) v`` with
+    the query heads grouped by the KV head they share (query head i reads KV head i // groups, as `enable_gqa`
+    and `repeat_kv` do). Scores in the keys' dtype or float32 if wider (under autocast the rotated keys are
+    float32: no copy of the cache is made), softmax in float32, the weighted sum in the values' dtype.
+    ``mask``: boolean (True attends) or additive, [B, 1 or heads, 1, kv]."""
+    b, heads, _, d = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
+    scale = d ** -0.5 if scaling is None else scaling
+    q = query.reshape(b, kv_heads, groups, d).to(key.dtype)
+    scores = torch.matmul(q, key.transpose(-1, -2)).float() * scale  # [B, kv_heads, groups, kv]
+    if mask is not None:
+        mask = mask.reshape(b, 1, 1, length) if mask.shape[1] == 1 else mask.reshape(b, kv_heads, groups, length)
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    weights = torch.softmax(scores, dim=-1).to(value.dtype)
+    return torch.matmul(weights, value).reshape(b, 1, heads, d)
 
 
 def register_gqa_sdpa() -> None:
