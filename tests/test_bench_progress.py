@@ -51,3 +51,29 @@ def test_bench_publish_skips_a_record_from_a_dirty_tree_and_publishes_the_rest(t
     assert len(published) == 1
     assert any(line.startswith("publish: skipped opd household/valid_unseen seed 1: made from a tree with uncommitted")
                for line in lines), lines
+
+
+def test_a_running_jobs_kept_splits_count_by_their_episodes(tmp_path):
+    """A track's reference row evaluates for an hour: the bar counts each split it has kept (weighted by the
+    split's episodes), so its time left is not a day's worth extrapolated from a still-zero job (22 h shown
+    for a track with ~6 h left). Nothing kept: nothing counted until the job ends, as before."""
+    from evaluation.bench.job_store import part_path
+    from evaluation.bench.jobs import _progress, job_work_done
+
+    envs = ["alfworld/train", "alfworld/valid_seen", "alfworld/valid_unseen"]
+    weights = {"alfworld/train": 8, "alfworld/valid_seen": 140, "alfworld/valid_unseen": 140}
+    reference, run = ReferenceJob("teacher", "unused", "teacher"), RunJob("opd", 0, True, False)
+    assert _progress(reference, tmp_path, envs) == (0, [])
+    assert job_work_done((0.0, 2880.0), 1, weights, _progress(reference, tmp_path, envs)) == 0.0
+    for env in envs[:2]:
+        path = part_path(tmp_path / "jobs", reference, env)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
+    assert _progress(reference, tmp_path, envs) == (0, envs[:2])
+    assert job_work_done((0.0, 2880.0), 1, weights, _progress(reference, tmp_path, envs)) == 2880.0 * 148 / 288
+    # a training run: its steps from metrics.jsonl, then its splits
+    metrics = tmp_path / "runs" / "opd" / "seed0" / "metrics.jsonl"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text('{"step": 1}\n{"step": 2}\n')
+    assert job_work_done((800.0, 2880.0), 8, weights, _progress(run, tmp_path, envs)) == 200.0
+    assert job_work_done((800.0, 2880.0), 8, weights, None) == 3680.0

@@ -27,6 +27,18 @@ from typing import Any
 RUN_ONLY_SETTINGS = ("progress", "jobs", "publish", "resume", "output_dir")
 
 
+def job_file_stem(job: Any) -> str:
+    """The file name (without .json) a job's outcome is kept under: its kind, name and seed."""
+    seed = getattr(job, "seed", None)
+    name = f"{type(job).__name__}-{job.name}" + (f"-seed{seed}" if seed is not None else "")
+    return name.replace("/", "_").replace("+", "_plus_")
+
+
+def part_path(folder: Path, job: Any, part: str) -> Path:
+    """Where a part of a running job (a split's evaluation) is kept: also read by the bench's progress bar."""
+    return Path(folder) / "parts" / f"{job_file_stem(job)}__{part.replace('/', '_')}.json"
+
+
 class JobStore:
     """Outcomes of finished jobs under ``<out>/jobs``, keyed by what they depend on."""
 
@@ -41,9 +53,7 @@ class JobStore:
         return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
     def path(self, job: Any) -> Path:
-        seed = getattr(job, "seed", None)
-        name = f"{type(job).__name__}-{job.name}" + (f"-seed{seed}" if seed is not None else "")
-        return self.folder / (name.replace("/", "_").replace("+", "_plus_") + ".json")
+        return self.folder / (job_file_stem(job) + ".json")
 
     def load(self, job: Any) -> Any | None:
         """The stored outcome of ``job`` if one with the same key exists, else None."""
@@ -61,7 +71,7 @@ class JobStore:
         return JobOutcome(**fields)
 
     def part_path(self, job: Any, part: str) -> Path:
-        return self.folder / "parts" / f"{self.path(job).stem}__{part.replace('/', '_')}.json"
+        return part_path(self.folder, job, part)
 
     def load_part(self, job: Any, part: str) -> dict[str, Any] | None:
         """A part of ``job`` (a split's evaluation: ``{"records", "outcomes"}``) kept by an earlier run with the

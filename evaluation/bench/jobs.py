@@ -313,6 +313,28 @@ def _job_forecast(job: Any, settings: BenchSettings, costs: Any) -> tuple[float,
     return 0.0, 1.0
 
 
+def job_work_done(forecast: tuple[float, float], units: int, split_weight: dict[str, float],
+                  progress: tuple[int, list[str]] | None = None) -> float:
+    """Forecast seconds of a job done: all of it when it ended (``progress`` None), else its followed part by
+    steps and the rest by the splits whose evaluation is kept (a resumable bench keeps them as they end), each
+    split weighing its episodes."""
+    followed, rest = forecast
+    if progress is None:
+        return followed + rest
+    steps, splits = progress
+    total = sum(split_weight.values()) or 1.0
+    return followed * min(steps, units) / max(units, 1) + rest * sum(split_weight.get(e, 0.0) for e in splits) / total
+
+
+def _progress(job: Any, out: Path, env_ids: list[str]) -> tuple[int, list[str]]:
+    """(steps done, splits evaluated) of a running job as seen from outside (its files)."""
+    from evaluation.bench.job_store import part_path
+
+    if not isinstance(job, (RunJob, ReferenceJob)):
+        return _steps_done(job, out), []
+    return _steps_done(job, out), [env for env in env_ids if part_path(out / "jobs", job, env).is_file()]
+
+
 def _steps_done(job: Any, out: Path) -> int:
     """Progress of a running job as seen from outside: the lines its trainer has logged so far, or the steps a
     base model's build has written to its progress file."""
@@ -356,10 +378,12 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
     costs = job_costs(settings, len(context.env_ids))  # one forecast per bench, shared by its jobs
     forecast = {i: _job_forecast(job, settings, costs) for i, job in enumerate(jobs)}
 
-    def work_done(i: int, steps: int | None = None) -> float:
-        """Forecast seconds of job i done: all of it when it ended, else its followed part by steps."""
-        followed, rest = forecast[i]
-        return followed + rest if steps is None else followed * min(steps, units[i]) / max(units[i], 1)
+    # a split's share of a job's evaluation: its episodes (a track's 8 train games beside 140 held-out ones)
+    split_weight = {env: settings.train_eval_episodes if env == settings.env else settings.eval_episodes
+                    for env in context.env_ids}
+
+    def work_done(i: int, progress: tuple[int, list[str]] | None = None) -> float:
+        return job_work_done(forecast[i], units[i], split_weight, progress)
 
     outcomes: dict[int, JobOutcome] = {}
     times: list[float] = []
@@ -391,7 +415,7 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
     # this run's work: counted at the first poll, a resumed build's steps read as done in two seconds (a wild ETA)
     done_before = sum(work_done(i) for i in outcomes)
     if store is not None:
-        done_before += sum(work_done(i, _steps_done(jobs[i], out)) for i in todo)
+        done_before += sum(work_done(i, _progress(jobs[i], out, context.env_ids)) for i in todo)
     # into a log file (not a terminal) the bar is a line per refresh: once a minute, not every poll of the workers
     refresh_s = 0.1 if sys.stderr.isatty() else 60.0
     bar = tqdm(total=round(sum(sum(f) for f in forecast.values()), 1), initial=round(done_before, 1), desc="bench",
@@ -430,7 +454,7 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
                         finished(i, outcome)
                     running = [futures[f] for f in pending if f.running()]  # not the queued ones
                     bar.n = round(sum(work_done(i) for i in outcomes)
-                                  + sum(work_done(i, _steps_done(jobs[i], out)) for i in running), 1)
+                                  + sum(work_done(i, _progress(jobs[i], out, context.env_ids)) for i in running), 1)
                     names = ", ".join(_job_label(jobs[i]) for i in sorted(running)[:3]) + (", ..." if len(running) > 3 else "")
                     bar.set_description(f"bench {len(outcomes)}/{len(jobs)} jobs (running: {names})" if running
                                         else f"bench {len(outcomes)}/{len(jobs)} jobs", refresh=False)
