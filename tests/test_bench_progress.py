@@ -77,3 +77,30 @@ def test_a_running_jobs_kept_splits_count_by_their_episodes(tmp_path):
     metrics.write_text('{"step": 1}\n{"step": 2}\n')
     assert job_work_done((800.0, 2880.0), 8, weights, _progress(run, tmp_path, envs)) == 200.0
     assert job_work_done((800.0, 2880.0), 8, weights, None) == 3680.0
+
+
+def test_a_resumed_bench_counts_only_what_it_will_continue_from(tmp_path):
+    """At a resumed bench's start, a training run counts its steps up to its newest checkpoint only when its
+    folder carries the job's key (a run that starts over counted its old metrics lines, then stepped the bar
+    back when they were cleared: a negative time left), and splits count only when kept under the job's key."""
+    from types import SimpleNamespace
+
+    from evaluation.bench.job_store import JobStore
+    from evaluation.bench.jobs import _kept_progress
+
+    envs = ["alfworld/train", "alfworld/valid_seen"]
+    context = SimpleNamespace(settings=BenchSettings(output_dir=str(tmp_path)), env_ids=envs, student_path="s",
+                              teacher_path=None, labels={})
+    store = JobStore(tmp_path / "jobs", context)
+    run = RunJob("opd", 0, True, False)
+    run_dir = tmp_path / "runs" / "opd" / "seed0"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
+    assert _kept_progress(run, tmp_path, envs, store) == (0, [])  # an old run's folder: it starts over
+    (run_dir / "bench_job_key").write_text(store.key(run))
+    (run_dir / "checkpoints" / "latest").write_text("step_2")
+    assert _kept_progress(run, tmp_path, envs, store) == (2, [])  # step 3 was logged, not checkpointed
+    store.save_part(run, "alfworld/train", {"records": [], "outcomes": {}})
+    stale = store.part_path(run, "alfworld/valid_seen")
+    stale.write_text('{"key": "another bench", "value": {}}')
+    assert _kept_progress(run, tmp_path, envs, store) == (2, ["alfworld/train"])

@@ -335,6 +335,23 @@ def _progress(job: Any, out: Path, env_ids: list[str]) -> tuple[int, list[str]]:
     return _steps_done(job, out), [env for env in env_ids if part_path(out / "jobs", job, env).is_file()]
 
 
+def _kept_progress(job: Any, out: Path, env_ids: list[str], store: Any) -> tuple[int, list[str]]:
+    """What of a job not yet finished an earlier run left for this one to continue from: a training run's steps
+    up to its newest checkpoint when its folder carries this job's key (else the run starts over: its old
+    metrics lines do not count, or the bar would step back when they are cleared), and the splits kept under
+    this job's key."""
+    steps, splits = _progress(job, out, env_ids)
+    if isinstance(job, RunJob):
+        run_dir = out / "runs" / job.name / f"seed{job.seed}"
+        try:
+            marked = (run_dir / "bench_job_key").read_text(encoding="utf-8") == store.key(job)
+            latest = (run_dir / "checkpoints" / "latest").read_text(encoding="utf-8").strip()
+            steps = min(steps, int(latest.removeprefix("step_"))) if marked else 0
+        except (OSError, ValueError):
+            steps = 0
+    return steps, [env for env in splits if store.load_part(job, env) is not None]
+
+
 def _steps_done(job: Any, out: Path) -> int:
     """Progress of a running job as seen from outside: the lines its trainer has logged so far, or the steps a
     base model's build has written to its progress file."""
@@ -415,7 +432,7 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
     # this run's work: counted at the first poll, a resumed build's steps read as done in two seconds (a wild ETA)
     done_before = sum(work_done(i) for i in outcomes)
     if store is not None:
-        done_before += sum(work_done(i, _progress(jobs[i], out, context.env_ids)) for i in todo)
+        done_before += sum(work_done(i, _kept_progress(jobs[i], out, context.env_ids, store)) for i in todo)
     # into a log file (not a terminal) the bar is a line per refresh: once a minute, not every poll of the workers
     refresh_s = 0.1 if sys.stderr.isatty() else 60.0
     bar = tqdm(total=round(sum(sum(f) for f in forecast.values()), 1), initial=round(done_before, 1), desc="bench",
