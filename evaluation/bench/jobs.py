@@ -160,16 +160,14 @@ def train_and_evaluate(job: RunJob, context: JobContext, log: Callable[[str], No
     as it ends; the training time of a resumed run adds its earlier steps' rollout and update seconds.
     """
     settings = context.settings
-    run_dir = Path(settings.output_dir) / "runs" / job.name / f"seed{job.seed}"
+    run_dir = _run_dir(Path(settings.output_dir), job)
     store = part_store(context)
-    marker = run_dir / "bench_job_key"
-    resumable = (store is not None and marker.is_file() and marker.read_text(encoding="utf-8") == store.key(job)
-                 and (run_dir / "checkpoints" / "latest").is_file())
+    resumable = store is not None and _kept_checkpoint_step(run_dir, store.key(job)) is not None
     if not resumable:
         shutil.rmtree(run_dir, ignore_errors=True)
         if store is not None:
             run_dir.mkdir(parents=True)
-            marker.write_text(store.key(job), encoding="utf-8")
+            (run_dir / RUN_KEY_FILE).write_text(store.key(job), encoding="utf-8")
     t0 = time.perf_counter()
     try:
         overrides = run_overrides(settings, job.name, seed=job.seed, run_dir=run_dir, student=context.student_path,
@@ -216,6 +214,24 @@ def train_and_evaluate(job: RunJob, context: JobContext, log: Callable[[str], No
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
         return [], f"{type(err).__name__}: {err}", {}
+
+
+RUN_KEY_FILE = "bench_job_key"  # in a resumable bench's run folder: the key of the job that trains there
+
+
+def _run_dir(out: Path, job: RunJob) -> Path:
+    return out / "runs" / job.name / f"seed{job.seed}"
+
+
+def _kept_checkpoint_step(run_dir: Path, key: str) -> int | None:
+    """The step of the newest checkpoint a run folder keeps for the job of this key, else None (no checkpoint,
+    or the folder is another job's or an older bench's: that run starts over)."""
+    try:
+        if (run_dir / RUN_KEY_FILE).read_text(encoding="utf-8") != key:
+            return None
+        return int((run_dir / "checkpoints" / "latest").read_text(encoding="utf-8").strip().removeprefix("step_"))
+    except (OSError, ValueError):
+        return None
 
 
 def _steps_seconds(run_dir: Path) -> float:
@@ -342,13 +358,7 @@ def _kept_progress(job: Any, out: Path, env_ids: list[str], store: Any) -> tuple
     this job's key."""
     steps, splits = _progress(job, out, env_ids)
     if isinstance(job, RunJob):
-        run_dir = out / "runs" / job.name / f"seed{job.seed}"
-        try:
-            marked = (run_dir / "bench_job_key").read_text(encoding="utf-8") == store.key(job)
-            latest = (run_dir / "checkpoints" / "latest").read_text(encoding="utf-8").strip()
-            steps = min(steps, int(latest.removeprefix("step_"))) if marked else 0
-        except (OSError, ValueError):
-            steps = 0
+        steps = min(steps, _kept_checkpoint_step(_run_dir(out, job), store.key(job)) or 0)
     return steps, [env for env in splits if store.load_part(job, env) is not None]
 
 
@@ -366,7 +376,7 @@ def _steps_done(job: Any, out: Path) -> int:
             return 0
     if not isinstance(job, RunJob):
         return 0
-    path = out / "runs" / job.name / f"seed{job.seed}" / "metrics.jsonl"
+    path = _run_dir(out, job) / "metrics.jsonl"
     try:
         with open(path, "rb") as fh:
             return sum(1 for _ in fh)
