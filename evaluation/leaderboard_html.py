@@ -194,11 +194,15 @@ def _curve_figures(table: "FamilyTable") -> list[str]:
             if ci is not None:
                 references.append((f"{algorithm} (table, n={ref.episodes_behind(table.metric)})", ci[0]))
         seeds = ", ".join(str(k) for k in sorted(points[env_id]))
+        counts = sorted({r.curve_tasks for m in table.methods for e, r in m.by_env.items() if e == env_id and r.curves
+                         and r.curve_tasks})
+        tasks = (f"the env's first {' or '.join(map(str, counts))} tasks" if counts
+                 else "the env's first tasks, the bench's <code>curve_episodes</code>")
         out.append(f"<figure>{curve_svg(env_id, series, 'success rate', references)}<figcaption>Success against "
                    f"rollout episodes spent in training, on {escape(env_id)}: each point is the mean over {seeds} "
-                   "seed(s) of greedy success on the run's curve tasks (the env's first tasks, the bench's "
-                   "<code>curve_episodes</code>, 32 by default: fewer than the table's n, so point 0 need not equal "
-                   "the warm start's cell); band: +- one standard error across seeds. Reference lines: the warm "
+                   f"seed(s) of greedy success on the run's curve tasks ({tasks}: fewer than the table's n, so "
+                   "point 0 need not equal the warm start's cell); band: +- one standard error across seeds. "
+                   "Reference lines: the warm "
                    "start's and the teacher's cells of the table above (their n stated).</figcaption></figure>")
     return out
 

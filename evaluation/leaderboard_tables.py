@@ -11,6 +11,7 @@ reader sees); nothing here reads or writes a file.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -116,6 +117,8 @@ class Row:
     pooled: dict[str, tuple[float, int]] = field(default_factory=dict)  # rate metric -> (sum over episodes, episodes)
     training: dict[str, dict[str, float]] = field(default_factory=dict)  # record id -> its `training` diagnostics
     dirty: bool = False  # a record behind it was made from a tree with uncommitted changes (add --allow-dirty)
+    bench_track: str = ""  # the named bench track (`bench --track NAME`) a bench record ran, else ""
+    curve_tasks: int | None = None  # the tasks each training-curve point plays (the bench preset's curve_episodes)
 
     @property
     def display_algorithm(self) -> str:
@@ -225,8 +228,34 @@ def aggregate_rows(records: list[dict[str, Any]]) -> list[Row]:
         row.training = {rid: r["training"] for rid, r in zip(row.record_ids, recs) if r.get("training")}
         row.tasks = {r["seed"]: r["provenance"]["tasks_sha256"] for r in recs if r.get("provenance")}
         row.dirty = any(dirty_revisions(r) for r in recs)
+        bench = (recs[0].get("algorithm_config") or {}).get("bench")
+        row.bench_track = str(bench.get("track") or "") if isinstance(bench, dict) else ""
+        row.curve_tasks = curve_tasks(recs[0]) if row.curves else None
         rows.append(row)
     return rows
+
+
+def curve_tasks(record: dict[str, Any]) -> int | None:
+    """How many tasks each point of a bench record's training curve plays: its preset's ``curve_episodes`` (no
+    bench flag changes it, so the preset its provenance command names, `--track NAME` and `--quick`, holds it);
+    None where the command names no known preset."""
+    from evaluation.bench.settings import BenchError, BenchSettings, curve_task_count
+
+    argv = ((record.get("provenance") or {}).get("training") or record.get("provenance") or {}).get("command") or []
+    if "bench" not in argv:
+        return None
+    quick = "--quick" in argv
+    try:
+        if "--track" in argv[:-1]:
+            from evaluation.bench.tracks import track_settings
+
+            # env_args given: the track's own would locate its training data, which the count does not need
+            return curve_task_count(track_settings(argv[argv.index("--track") + 1], quick=quick, env_args={}))
+        env = (record.get("algorithm_config") or {}).get("bench", {}).get("train_env")
+        preset = BenchSettings.quick if quick else BenchSettings.full
+        return curve_task_count(preset(env=env) if env else preset())
+    except (BenchError, TypeError, ValueError):  # a track this install does not register, a preset that refuses
+        return None
 
 
 def pooled_rates(records: list[dict[str, Any]]) -> dict[str, tuple[float, int]]:
@@ -293,6 +322,9 @@ def family_tables(rows: list[Row]) -> list[FamilyTable]:
         family_bench_first = sorted(tracks.items(), key=lambda kv: (kv[0].protocol != BENCH_PROTOCOL,
                                                                     not any(m.protocol == "" for m in kv[1]), kv[0].title))
         for track, members in family_bench_first:
+            named = {r.bench_track for m in members for r in m.by_env.values() if r.protocol == "" and r.bench_track}
+            if track.protocol == BENCH_PROTOCOL and len(named) == 1:
+                track = dataclasses.replace(track, bench_track=named.pop())
             track_envs = [e for e in env_ids if any(e in m.by_env for m in members)]
             ranked = sorted(members, key=lambda m: rank_key(m, metric, track_envs))
             tables.append(FamilyTable(family, metric, track_envs, track_envs[0], ranked, bench_protocol, track))

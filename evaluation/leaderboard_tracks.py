@@ -20,7 +20,7 @@ Who joins which track:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, TypeVar
 
 M = TypeVar("M")
@@ -36,11 +36,15 @@ class Track:
     student: str
     teacher: str | None
     protocol: str  # BENCH_PROTOCOL, or the protocol the rows were evaluated under
+    # the named bench track (`bench --track NAME`) whose preset the bench rows ran, for the title only: two
+    # tracks differ by their start and protocol, never by this name
+    bench_track: str = field(default="", compare=False)
 
     @property
     def title(self) -> str:
         teacher = f"teacher {self.teacher}" if self.teacher else "no teacher"
-        protocol = ("the bench's protocol" if self.protocol == BENCH_PROTOCOL
+        bench = f"the {self.bench_track} track's protocol" if self.bench_track else "the bench's protocol"
+        protocol = (bench if self.protocol == BENCH_PROTOCOL
                     else f"protocol {self.protocol}" if self.protocol else "no prompt protocol (a scripted agent)")
         return f"{self.family}: from {self.student}, {teacher}, {protocol}"
 

@@ -102,3 +102,22 @@ def test_track_titles_name_the_protocol_or_say_there_is_none():
     assert Track("bfcl", "smollm2", "t", "parser=x").title == "bfcl: from smollm2, teacher t, protocol parser=x"
     # a scripted agent's rows have no prompt protocol; the title once ended in "protocol " and nothing
     assert Track("household", "walkthrough", None, "").title.endswith("no teacher, no prompt protocol (a scripted agent)")
+    # rows of a named bench track (`bench --track NAME`) say whose preset they ran; the name is no part of the key
+    named = Track("alfworld", "s", "t", BENCH_PROTOCOL, bench_track="smollm2-alfworld")
+    assert named.title == "alfworld: from s, teacher t, the smollm2-alfworld track's protocol"
+    assert named == Track("alfworld", "s", "t", BENCH_PROTOCOL) and named.slug == Track("alfworld", "s", "t", "bench").slug
+
+
+def test_curve_tasks_come_from_the_preset_the_bench_command_names():
+    from evaluation.leaderboard_tables import curve_tasks
+
+    def record(*argv, train_env="household/train"):
+        return {"provenance": {"training": {"command": ["agentgym-opd", "bench", *argv]}},
+                "algorithm_config": {"bench": {"train_env": train_env}}}
+
+    assert curve_tasks(record("--output-dir", "x")) == 32  # the bench's default
+    assert curve_tasks(record("--quick")) == 4
+    assert curve_tasks(record("--track", "smollm2-alfworld", train_env="alfworld/train")) == 16
+    assert curve_tasks(record("--track", "smollm2-alfworld", "--quick", train_env="alfworld/train")) == 2
+    assert curve_tasks(record("--track", "no-such-track")) is None  # a track this install does not register
+    assert curve_tasks({"provenance": {"command": ["agentgym-opd", "eval"]}}) is None  # not a bench record

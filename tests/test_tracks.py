@@ -181,7 +181,7 @@ def test_the_tiny_track_runs_end_to_end_and_a_killed_track_resumes(monkeypatch, 
     board.build()
     md = (tmp_path / "board" / "LEADERBOARD.md").read_text()
     title = next(line for line in md.splitlines() if line.startswith("## alfworld: from tiny-alfworld-student"))
-    assert "teacher tiny-alfworld-teacher" in title
+    assert "teacher tiny-alfworld-teacher" in title and title.endswith("the tiny-alfworld-test track's protocol")
 
 
 def test_claims_say_the_judge_was_not_tested_when_it_gave_every_turn_one_label():

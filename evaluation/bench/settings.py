@@ -281,6 +281,12 @@ def job_costs(settings: BenchSettings, n_eval_envs: int) -> JobCosts:
                     reference=(train_tasks + held_out * len(settings.seeds)) * per_episode)
 
 
+def curve_task_count(settings: BenchSettings) -> int:
+    """The tasks each point of a run's training curve plays: ``curve_episodes`` of the curve env, or the training
+    tasks the run is evaluated on where the curve is measured on the training env (the older path)."""
+    return settings.curve_episodes if resolved_curve_env(settings) != settings.env else settings.train_eval_episodes
+
+
 def resolved_curve_env(settings: BenchSettings) -> str:
     """Where the training curves are measured: the unseen split with base models (held-out success against
     rollout episodes), else the training env (the older memorising bench)."""

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evaluation.bench.episodes import eval_env_args
-from evaluation.bench.settings import TUNED_OVERRIDES, BenchError, BenchSettings, resolved_curve_env, uses_base_models
+from evaluation.bench.settings import (TUNED_OVERRIDES, BenchError, BenchSettings, curve_task_count, resolved_curve_env,
+                                       uses_base_models)
 
 
 def _common_overrides(settings: BenchSettings, *, seed: int, output_dir: Path) -> list[str]:
@@ -73,7 +74,7 @@ def run_overrides(settings: BenchSettings, name: str, *, seed: int, run_dir: Pat
         raise BenchError(f"episodes_per_step={settings.episodes_per_step} must be a multiple of group_size={group}")
     every = max(1, settings.steps // max(settings.eval_points, 1))
     curve_env = resolved_curve_env(settings)
-    curve_episodes = settings.curve_episodes if curve_env != settings.env else settings.train_eval_episodes
+    curve_episodes = curve_task_count(settings)
     overrides = _common_overrides(settings, seed=seed, output_dir=run_dir) + [
         f"model.student={student}", f"train.steps={settings.steps}", f"train.lr={settings.lr}",
         f"rollout.tasks_per_step={settings.episodes_per_step // group}", f"rollout.group_size={group}",
