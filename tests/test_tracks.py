@@ -139,6 +139,11 @@ def test_the_tiny_track_runs_end_to_end_and_a_killed_track_resumes(monkeypatch, 
         run_bench(settings, log=lambda line: None)
     kept = sorted(p.name for p in (tmp_path / "out" / "jobs").glob("*.json"))
     assert len(kept) == 2
+    from evaluation.bench.status import bench_status
+
+    status = bench_status(settings)  # `bench --track NAME --status`: what the killed track has kept
+    assert "2 of 4 jobs finished" in status and "teacher: not started" in status and "opd seed 0: not started" in status
+    assert "warm_start+context  0" in status  # its row in the table, seed 0
 
     ran.clear()
     lines: list[str] = []
@@ -165,6 +170,8 @@ def test_the_tiny_track_runs_end_to_end_and_a_killed_track_resumes(monkeypatch, 
     ran.clear()
     run_bench(settings, log=lambda line: None)
     assert ran == []
+    status = bench_status(settings)
+    assert "4 of 4 jobs finished" in status and "minus warm_start" in status
 
     # published: the track's records form their own table, named by the pair, and say how to rerun the track
     from evaluation.bench.publish import import_bench

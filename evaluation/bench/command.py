@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train tasks the base models learn from; default the whole train split")
     parser.add_argument("--publish", action="store_true", help="also add the records to the repo's leaderboard/")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--status", action="store_true",
+                        help="run nothing: print what the bench with these flags has kept under --output-dir so far "
+                             "(finished rows with intervals, paired differences, each job's state)")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="config overrides for every algorithm run, e.g. train.micro_batch_size=8")
 
@@ -159,6 +162,11 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         settings = settings_from_args(args)
+        if args.status:
+            from evaluation.bench.status import bench_status
+
+            print(bench_status(settings))
+            return 0
         summary = run_bench(settings)
     except (BenchError, ConfigError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -1,0 +1,104 @@
+"""`bench --status`: what a resumable bench (every track) has so far, without running anything.
+
+A real-LM track takes several sittings. Between them a researcher wants the rows that are finished, their
+intervals and the paired differences already measurable, and what is left: this reads the outcomes and parts the
+bench keeps under ``<out>/jobs`` (`evaluation.bench.job_store`) and the run folders' checkpoints, and prints the
+same tables the finished bench prints, over what exists. It checks no job key (that needs the base pair the
+bench resolves when it runs): what it shows is what the folder holds; a rerun reuses only the outcomes whose
+settings still match.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from evaluation.bench.job_store import job_file_stem, part_path
+from evaluation.bench.jobs import ReferenceJob, RunJob
+from evaluation.bench.results import (format_paired, format_table, interval_cells, paired_comparisons,
+                                      summarise_over_seeds)
+from evaluation.bench.settings import (BenchSettings, algorithm_flags, evaluation_envs, selected_algorithms,
+                                       uses_base_models)
+
+STATUS_BASELINES = ("warm_start", "opd", "sft")  # the paired blocks printed: the issue's and the papers' baselines
+
+
+def planned_jobs(settings: BenchSettings) -> list[Any]:
+    """The jobs the bench runs for these settings, in its order (the reference rows' model paths left empty:
+    only their names and kinds matter here)."""
+    flags = {name: algorithm_flags(name) for name in selected_algorithms(settings)}
+    jobs: list[Any] = []
+    if settings.references:
+        jobs.append(ReferenceJob("warm_start", "", ""))
+        if uses_base_models(settings):
+            jobs.append(ReferenceJob("warm_start+context", "", ""))
+        if settings.teacher is not None or any(needs_teacher for needs_teacher, _ in flags.values()):
+            jobs.append(ReferenceJob("teacher", "", ""))
+    return jobs + [RunJob(name, seed, *flags[name]) for name in flags for seed in settings.seeds]
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _pairs(rows: list[list[Any]]) -> dict[tuple[int, str], float]:
+    return {(int(seed), str(task)): float(value) for seed, task, value in rows}
+
+
+def _checkpoint_step(run_dir: Path) -> int | None:
+    try:
+        return int((run_dir / "checkpoints" / "latest").read_text(encoding="utf-8").strip().removeprefix("step_"))
+    except (OSError, ValueError):
+        return None
+
+
+def bench_status(settings: BenchSettings) -> str:
+    """The finished rows' table (Wilson intervals), the paired differences measurable so far and each job's state."""
+    out = Path(settings.output_dir)
+    folder = out / "jobs"
+    env_ids = evaluation_envs(settings)
+    jobs = planned_jobs(settings)
+    records: list[dict[str, Any]] = []
+    pooled: dict[str, dict[str, dict[tuple[int, str], float]]] = {}
+    states: list[str] = []
+    finished = 0
+    for job in jobs:
+        label = job.name + (f" seed {job.seed}" if isinstance(job, RunJob) else "")
+        kept = _read(folder / f"{job_file_stem(job)}.json")
+        if kept is not None:
+            outcome = kept["outcome"]
+            records += outcome["records"]
+            for env_id, rows in outcome["outcomes"].items():
+                pooled.setdefault(job.name, {}).setdefault(env_id, {}).update(_pairs(rows))
+            states.append(f"{label}: finished ({outcome['wall_s']:.0f} s)")
+            finished += 1
+            continue
+        done = []
+        for env_id in env_ids:
+            part = _read(part_path(folder, job, env_id))
+            if part is not None:
+                records += part["value"]["records"]
+                pooled.setdefault(job.name, {}).setdefault(env_id, {}).update(_pairs(part["value"]["outcomes"]))
+                done.append(env_id)
+        step = _checkpoint_step(out / "runs" / job.name / f"seed{job.seed}") if isinstance(job, RunJob) else None
+        trained = f"trained {step} of {settings.steps} steps" if step is not None else ""
+        if not done and step is None:
+            states.append(f"{label}: not started")
+            continue
+        evaluated = f"evaluated on {', '.join(done)}" if done else ""
+        states.append(f"{label}: " + "; ".join(x for x in (trained, evaluated) if x) + " (kept; a rerun goes on from there)")
+    lines = [f"bench status of {out} ({finished} of {len(jobs)} jobs finished; outcomes as kept under jobs/, not checked against these settings' keys):"]
+    lines += [f"  {s}" for s in states]
+    if not records:
+        return "\n".join(lines + ["", "no evaluation is kept yet"])
+    order = [job.name for job in jobs]
+    lines += ["", format_table(summarise_over_seeds(records), {}, env_ids, list(dict.fromkeys(order)),
+                               intervals=interval_cells(pooled))]
+    comparisons = paired_comparisons(pooled, env_ids[1:], baselines=STATUS_BASELINES)
+    if comparisons:
+        lines += ["", format_paired(comparisons, list(dict.fromkeys(order)))]
+    return "\n".join(lines)
