@@ -59,11 +59,12 @@ SMOLLM2_ALFWORLD = Track(
                   eval_episodes=140, train_eval_episodes=8, curve_episodes=16, max_turns=20, max_new_tokens=24,
                   threads=1, resume=True, output_dir="runs/bench-smollm2-alfworld"),
     default_algos=("sft", "opd", "sage_opd", "opsd", "grpo"),
-    # planning numbers, to refit from the first track's wall time: an evaluation episode ~4 s of one core (issue
-    # 37: 10-13 s per episode in fp32 at 30 turns in batches of 10; here bf16, 20 turns and a whole split per
-    # batch, which decodes many rows per weight read); a rollout episode ~25 s with its share of teacher scoring
-    # and the update (~1,500 tokens forward and backward at ~130 tokens/s in bf16, plus decoding and the env)
-    episode_seconds=(4.0, 25.0),
+    # fitted to the first track (one core each, the other core busy): evaluation 6.7-24.5 s an episode (time
+    # follows turns: the plan-given warm start plays 6 turns, the warm start 16.5; a method starts where the warm
+    # start is), on the fused bf16 attention, which the decode path of `kv_cache.decode_attention` now runs in
+    # 1/1.67 of the CPU time: ~11 s; a rollout episode with its share of the update 47 s for OPD (2,981 s for 64),
+    # 22 s for SFT, less ~15% for the faster decode: ~40 s
+    episode_seconds=(11.0, 40.0),
     env_args=alfworld_env_args,
     overrides=("model.autocast=bfloat16", "model.max_seq_len=2048", "train.micro_batch_size=2"),
 )
