@@ -302,7 +302,7 @@ class Leaderboard:
         lines.append("|" + "|".join("---" for _ in head) + "|")
         for group, m in zip(rank_groups(table), table.methods):
             name = (m.display + (" *" if m.protocol_differs else "") + (" (reproduced)" if m.reproduced else "")
-                    + (" (dirty tree)" if m.dirty else ""))
+                    + (" (dirty tree)" if m.dirty else "") + (" (judge not tested)" if m.judge_untested else ""))
             episodes, tokens = m.budget
             ranking = m.by_env.get(table.ranking_env)
             diffs = reference_differences(table, m)
@@ -312,6 +312,8 @@ class Leaderboard:
                      "-" if episodes is None else str(episodes), "-" if tokens is None else str(tokens),
                      m.teacher or "-", m.student, ",".join(map(str, m.seeds)), m.shown_protocol or "bench"]
             lines.append("| " + " | ".join(md_cell(c) for c in cells) + " |")
+        lines += [f"\n{md_cell(m.display)}: {md_cell(m.judge_untested)}." for m in table.methods
+                  if m.judge_untested]
         lines += ["", f"Errors on {md_cell(table.ranking_env)} (share of turns, by kind):", ""]
         kinds = error_kinds(table)
         head = ["method", "error_rate", *kinds]

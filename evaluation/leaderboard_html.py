@@ -38,7 +38,7 @@ th { background: #f1f3f5; cursor: pointer; user-select: none; } th.nosort { curs
 td.name { text-align: left; max-width: 13rem; overflow-wrap: anywhere; } td.small { font-size: .75rem; color: #555; text-align: left; max-width: 11rem; overflow-wrap: anywhere; }
 td.primary { font-variant-numeric: tabular-nums; } td.primary b { font-size: .9rem; }
 td.rankcol { background: #fbfbfb; } tr.differs td.name::after { content: " \\2731"; color: #c0392b; }
-tr.differs { background: #fff8f0; } span.ci { color: #666; } p.warn { background: #fff3cd; border-left: 4px solid #d39e00; padding: .4rem .6rem; } pre.prompt { white-space: pre-wrap; background: #f6f6f6; padding: .5rem; font-size: .8rem; max-height: 20rem; overflow: auto; } td.paired { font-size: .8rem; } td.paired.sig { font-weight: bold; }
+tr.differs { background: #fff8f0; } span.ci { color: #666; } span.warn { color: #8a6100; } p.warn { background: #fff3cd; border-left: 4px solid #d39e00; padding: .4rem .6rem; } pre.prompt { white-space: pre-wrap; background: #f6f6f6; padding: .5rem; font-size: .8rem; max-height: 20rem; overflow: auto; } td.paired { font-size: .8rem; } td.paired.sig { font-weight: bold; }
 td.best { background: #e8f5e9; font-weight: 600; }
 .controls { font-size: .85rem; margin: .2rem 0; } select { font-size: .85rem; }
 figure { display: inline-block; margin: 0 1rem 1rem 0; vertical-align: top; } figcaption { font-size: .8rem; color: #555; max-width: 36rem; }
@@ -122,7 +122,9 @@ def _ranked_table(board: "Leaderboard", table: "FamilyTable", index: int) -> lis
                  " title=\"evaluated under another protocol than the bench's\"" if m.protocol_differs else "")
         name = (escape(m.display) + (' <span class="ci">(reproduced)</span>' if m.reproduced else "")
                 + (' <span class="ci" title="made from a tree with uncommitted changes">(dirty tree)</span>'
-                   if m.dirty else ""))
+                   if m.dirty else "")
+                + (f' <span class="warn" title="{escape(m.judge_untested)}">(judge not tested)</span>'
+                   if m.judge_untested else ""))
         cells = [f'<td class="rankcol" data-sort="{rank}">{escape(group)}</td>', f'<td class="name"{title}>{name}</td>']
         for env_id in table.env_ids:
             r = m.by_env.get(env_id)
@@ -152,6 +154,8 @@ def _ranked_table(board: "Leaderboard", table: "FamilyTable", index: int) -> lis
                   f'<td class="small">{view}</td>']
         out.append(f'<tr{cls} data-algorithm="{escape(m.algorithm)}" data-protocol="{escape(m.shown_protocol or "bench")}">' + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
+    out += [f'<p class="warn">{escape(m.display)}: {escape(m.judge_untested)}.</p>' for m in table.methods
+            if m.judge_untested]
     return out
 
 

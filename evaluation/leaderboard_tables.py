@@ -19,6 +19,7 @@ from typing import Any
 
 from evaluation.records import (BENCH_CONTEXT_TOKENS, REFERENCE_ROWS, dirty_revisions, env_args_label, env_family,
                                 is_rate, lower_is_better, protocol_label, record_id)
+from evaluation.judge_diagnostics import judge_untested
 from evaluation.leaderboard_tracks import BENCH_PROTOCOL, Track, assign_tracks
 
 # the headline metric of an env family, where it is not success
@@ -179,6 +180,13 @@ class Method:
     @property
     def dirty(self) -> bool:
         return any(r.dirty for r in self.by_env.values())
+
+    @property
+    def judge_untested(self) -> str | None:
+        """Why this SAGE-OPD method's runs did not test its judge (they weighted error turns only), or None."""
+        if self.algorithm != "sage_opd":
+            return None
+        return judge_untested(t for r in self.by_env.values() for t in r.training.values())
 
 
 @dataclass

@@ -16,7 +16,7 @@ A record is a JSON object. Schema version 1 (fields below the line are optional)
 | `wall_time_s` | float >= 0 | evaluation wall time |
 | `created` | str | ISO-8601 time the record was written; not in the future (``CLOCK_SKEW`` allowed; no zone: UTC) |
 | `curve` | list of {"rollouts": int, "success_rate": float} | training curve (success against rollout budget) |
-| `training` | optional {name: number} | diagnostics of the training run behind the record: `judge_defaulted_share` (SAGE-OPD: share of judged turns whose verdict was unreadable and defaulted; a warning is printed above `DEFAULTED_WARN_SHARE`). A name says what kind of quantity it is (``quantity_kind``): a count (`steps`, `*_episodes`, `*_tokens`, ...) is an integer in [0, 10**15], a share (`*_share`, `*_rate`) lies in [0, 1], a duration (`*_s`) in [0, 1e9], anything else in [-1e9, 1e9] |
+| `training` | optional {name: number} | diagnostics of the training run behind the record: `judge_defaulted_share` (SAGE-OPD: share of judged turns whose verdict was unreadable and defaulted; a warning is printed above `evaluation.judge_diagnostics.DEFAULTED_WARN_SHARE`). A name says what kind of quantity it is (``quantity_kind``): a count (`steps`, `*_episodes`, `*_tokens`, ...) is an integer in [0, 10**15], a share (`*_share`, `*_rate`) lies in [0, 1], a duration (`*_s`) in [0, 1e9], anything else in [-1e9, 1e9] |
 | `protocol` | {name: str/number/bool/null} | how it was evaluated (temperature, samples, max_new_tokens, max_turns, backend, action_parser, system_prompt; `partial: true` for an interrupted run); records with different protocols are different leaderboard rows |
 | `budget` | {"rollout_episodes": int, "tokens": int or null} | training spent: rollout episodes and agent tokens generated |
 | `origin` | "original" or "reproduced" | a first result, or a rerun of a published one (absent: original) |
@@ -294,30 +294,6 @@ FIELDS: dict[str, tuple[bool, Callable[[Any], str | None]]] = {
                    and _check_quantity("agent_tokens", v["agent_tokens"]) is None and _is_number(v["tokens_per_s"])
                    and 0 <= v["tokens_per_s"] <= 1e12 else f"must be {{'agent_tokens': int >= 0, 'tokens_per_s': number >= 0}}, got {v!r:.200}"),
 }
-
-DEFAULTED_WARN_SHARE = 0.2
-
-
-def training_diagnostics(metrics_lines: list[dict[str, Any]]) -> dict[str, float]:
-    """The record's ``training`` field from a run's ``metrics.jsonl`` rows: the mean of each diagnostic the
-    rows report. Warns when SAGE-OPD's judge defaulted more than ``DEFAULTED_WARN_SHARE`` of its verdicts
-    (its turn weights then say little about the teacher's judgement)."""
-    import warnings
-
-    out: dict[str, float] = {}
-    values = [float(row["judge_defaulted_share"]) for row in metrics_lines if _is_number(row.get("judge_defaulted_share"))]
-    if values:
-        out["judge_defaulted_share"] = sum(values) / len(values)
-        if out["judge_defaulted_share"] > DEFAULTED_WARN_SHARE:
-            warnings.warn(f"the judge defaulted {out['judge_defaulted_share']:.0%} of its verdicts in training "
-                          f"(above {DEFAULTED_WARN_SHARE:.0%}): SAGE-OPD's turn labels were mostly the default",
-                          stacklevel=2)
-    modal = [float(row["judge_modal_label_share"]) for row in metrics_lines
-             if _is_number(row.get("judge_modal_label_share")) and float(row.get("turns_judged", 0) or 0) > 0]
-    if modal:
-        out["judge_modal_label_share"] = sum(modal) / len(modal)
-    return out
-
 
 BENCH_CONTEXT_TOKENS = 4096  # the bench's evaluation context budget (a longer history is cut from the front)
 

@@ -121,3 +121,24 @@ def test_curve_tasks_come_from_the_preset_the_bench_command_names():
     assert curve_tasks(record("--track", "smollm2-alfworld", "--quick", train_env="alfworld/train")) == 2
     assert curve_tasks(record("--track", "no-such-track")) is None  # a track this install does not register
     assert curve_tasks({"provenance": {"command": ["agentgym-opd", "eval"]}}) is None  # not a bench record
+
+
+def test_a_sage_opd_row_whose_judge_defaulted_is_marked_judge_not_tested(tmp_path):
+    """Its turn weights were errors-only weighting: the table must not present that as SAGE-OPD's result."""
+    board = Leaderboard(tmp_path / "lb")
+    the_bench(board)
+    board.add({**bench_record("sage_opd", 0.34, teacher=TEACHER), "training": {"judge_defaulted_share": 0.9}})
+    board.add({**bench_record("sage_opd", 0.35, teacher=TEACHER, seed=1), "training": {"judge_defaulted_share": 0.05}})
+    board.build()
+    md = (tmp_path / "lb" / "LEADERBOARD.md").read_text()
+    assert "| sage_opd (judge not tested) |" in md
+    assert "sage_opd: judge not tested: 90% of the teacher's verdicts were unreadable" in md
+    html = (tmp_path / "lb" / "index.html").read_text()
+    assert "(judge not tested)</span>" in html and '<p class="warn">sage_opd: judge not tested: 90%' in html
+
+    readable = Leaderboard(tmp_path / "lb2")
+    the_bench(readable)
+    readable.add({**bench_record("sage_opd", 0.34, teacher=TEACHER), "training": {"judge_defaulted_share": 0.05,
+                                                                                  "judge_modal_label_share": 0.6}})
+    readable.build()
+    assert "judge not tested" not in (tmp_path / "lb2" / "LEADERBOARD.md").read_text()

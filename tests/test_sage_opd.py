@@ -304,7 +304,8 @@ def test_registered_and_runs_from_the_cli_with_a_teacher_checkpoint(setup, tmp_p
 
 
 def test_the_defaulted_share_goes_into_the_result_record_with_a_warning_above_the_threshold():
-    from evaluation.records import DEFAULTED_WARN_SHARE, training_diagnostics, validate_record
+    from evaluation.judge_diagnostics import DEFAULTED_WARN_SHARE, training_diagnostics
+    from evaluation.records import validate_record
 
     assert training_diagnostics([{"loss": 1.0}]) == {}  # not SAGE-OPD: nothing to report
     low = training_diagnostics([{"judge_defaulted_share": 0.0}, {"judge_defaulted_share": 0.1}])

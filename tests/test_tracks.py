@@ -204,7 +204,7 @@ def test_claims_say_the_judge_was_not_tested_when_it_gave_every_turn_one_label()
 
 def test_the_judges_label_statistics_give_the_share_of_its_commonest_label():
     from algorithms.sage_judge import TurnVerdicts
-    from evaluation.records import training_diagnostics
+    from evaluation.judge_diagnostics import training_diagnostics
 
     verdicts = TurnVerdicts(labels=[["strong", "weak", "weak"], ["weak", "skip"]],
                             sources=[["error", "judge", "judge"], ["judge", "default"]],

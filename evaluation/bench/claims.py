@@ -135,26 +135,10 @@ def check_claims(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]
 
 
 def judge_not_tested(records: Sequence[Mapping[str, Any]]) -> str | None:
-    """Why SAGE-OPD's rows do not test its judge, or None: when its runs' judge defaulted more than
-    ``DEFAULTED_WARN_SHARE`` of its verdicts (unreadable answers), its turn weights were errors-only weighting,
-    and a claim about SAGE-OPD must say so rather than present that as the method's result."""
-    from evaluation.records import DEFAULTED_WARN_SHARE
+    """Why SAGE-OPD's rows do not test its judge, or None (`evaluation.judge_diagnostics.judge_untested` on its runs)."""
+    from evaluation.judge_diagnostics import judge_untested
 
-    runs = [r.get("training") or {} for r in records if r.get("algorithm") == "sage_opd"]
-    shares = [float(t["judge_defaulted_share"]) for t in runs if "judge_defaulted_share" in t]
-    if shares and max(shares) > DEFAULTED_WARN_SHARE:
-        return (f"judge not tested: {max(shares):.0%} of the teacher's verdicts were unreadable and defaulted, so "
-                "SAGE-OPD weighted turns by execution errors only")
-    modal = [float(t["judge_modal_label_share"]) for t in runs if "judge_modal_label_share" in t]
-    if modal and max(modal) >= ONE_LABEL_SHARE:
-        return (f"judge not tested: the teacher gave {max(modal):.0%} of the turns it judged the same label, so its "
-                "verdicts separated no turns and SAGE-OPD weighted turns by execution errors only")
-    return None
-
-
-# a judge whose readable verdicts are (almost) all one label distinguishes nothing (zero-shot SmolLM2 on ALFWorld:
-# 42 of 42 readable answers were "Weak", copied from the question's definitions)
-ONE_LABEL_SHARE = 0.95
+    return judge_untested(r.get("training") or {} for r in records if r.get("algorithm") == "sage_opd")
 
 
 def _budget(settings: Mapping[str, Any]) -> int | None:

@@ -244,10 +244,10 @@ def _steps_seconds(run_dir: Path) -> float:
 
 
 def run_diagnostics(run_dir: Path) -> dict[str, float]:
-    """The record's ``training`` diagnostics from a run's metrics.jsonl (`evaluation.records.training_diagnostics`)."""
+    """The record's ``training`` diagnostics from a run's metrics.jsonl (`evaluation.judge_diagnostics.training_diagnostics`)."""
     import json
 
-    from evaluation.records import training_diagnostics
+    from evaluation.judge_diagnostics import training_diagnostics
 
     path = run_dir / "metrics.jsonl"
     lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
