@@ -10,7 +10,11 @@ free-text answer is read. The rules:
 - every other turn is shown to the teacher (its own chat template, thinking off unless asked) with the
   first observation, up to ``judge_history_turns`` earlier turns and the turn itself, trimmed to
   ``judge_max_prompt_tokens``; all such turns of a batch go to one greedy ``generate`` call;
-- :func:`parse_verdict` reads the answer after any ``</think>``; an unreadable one gets ``default_label``.
+- :func:`parse_verdict` reads the answer after any ``</think>``; an unreadable one gets ``default_label``;
+- ``algo.judge=teacher_scored`` asks the same question but reads no text: the label is the one whose first
+  token the teacher finds likeliest as its answer's first token (its answer constrained to the three words,
+  :func:`scored_labels`), so every asked turn gets a verdict, for a teacher too small to answer in words.
+  Whether those verdicts separate turns is what ``judge_modal_label_share`` reports.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+import torch
 
 from agentgym_opd.policy.base import SamplingParams
 from agentgym_opd.types import Episode
@@ -150,6 +156,35 @@ def error_first_verdicts(episodes: Sequence[Episode], default_label: str) -> Tur
     return TurnVerdicts(labels, sources, raw)
 
 
+SCORED_BATCH = 16  # judge prompts per scoring forward (each up to judge_max_prompt_tokens long)
+
+
+def label_first_tokens(teacher: Any) -> list[int]:
+    """The first token of each label as the judge's answer would start it ("Skip", "Weak", "Strong", the
+    capitalised words the question asks for), in ``LABELS`` order; refused when two labels share it."""
+    firsts = [teacher.encode(word.capitalize())[0] for word in LABELS]
+    if len(set(firsts)) < len(LABELS):
+        raise ValueError(f"algo.judge=teacher_scored: the teacher's tokenizer starts two labels with the same token "
+                         f"({dict(zip(LABELS, firsts))}); use algo.judge=teacher")
+    return firsts
+
+
+def scored_labels(teacher: Any, prompts: Sequence[Sequence[int]]) -> list[tuple[str, str]]:
+    """Per judge prompt: the label whose first token the teacher gives the highest probability as the first
+    token of its answer, and a line stating the three log-probs (kept as the judge's raw answer)."""
+    firsts = label_first_tokens(teacher)
+    support = torch.tensor([firsts], dtype=torch.long)  # [1 position, 3 labels]
+    out = []
+    for start in range(0, len(prompts), SCORED_BATCH):
+        chunk = prompts[start:start + SCORED_BATCH]
+        scores = teacher.score(chunk, [[firsts[0]]] * len(chunk), support_ids=[support] * len(chunk))
+        for s in scores:
+            logprobs = [float(x) for x in s.top_logprobs[0]]
+            best = max(range(len(LABELS)), key=lambda i: logprobs[i])
+            out.append((LABELS[best], "scored " + " ".join(f"{lab}={lp:.2f}" for lab, lp in zip(LABELS, logprobs))))
+    return out
+
+
 def judge_turns(teacher: Any, episodes: Sequence[Episode], config: Any) -> TurnVerdicts:
     """Label every turn of ``episodes``: errors first, then one batched greedy judge call for the rest.
 
@@ -162,6 +197,10 @@ def judge_turns(teacher: Any, episodes: Sequence[Episode], config: Any) -> TurnV
         return verdicts
     prompts = [judge_prompt(teacher, episodes[row], k, config.judge_history_turns, config.judge_max_prompt_tokens,
                             config.judge_thinking) for row, k in asked]
+    if config.judge == "teacher_scored":
+        for (row, k), (label, raw) in zip(asked, scored_labels(teacher, prompts)):
+            verdicts.labels[row][k], verdicts.sources[row][k], verdicts.raw[row][k] = label, "judge", raw
+        return verdicts
     answers = teacher.generate(prompts, SamplingParams(max_new_tokens=config.judge_max_new_tokens, temperature=0.0))
     for (row, k), answer in zip(asked, answers):
         label = parse_verdict(answer.text)

@@ -19,6 +19,9 @@ What SAGE-OPD adds is *which turns* of a multi-turn rollout the student learns f
      tokens). The answer is read by :func:`algorithms.sage_judge.parse_verdict` (after any ``</think>``;
      case, punctuation, the first label word that occurs). An unreadable verdict gets ``algo.default_label``.
      The judge (prompt, transcript, verdict parsing) lives in :mod:`algorithms.sage_judge`.
+   - ``algo.judge=teacher_scored`` asks the same question and takes the label whose first token the teacher
+     finds likeliest (its answer constrained to the three words): a verdict for every turn from a teacher too
+     small to answer in words.
    - ``algo.judge=errors_only`` skips the judge call: non-error turns get ``algo.default_label``
      (a tiny teacher's verdicts are noise; this keeps the error-first selection and the confidence).
 3. **Confidence** ``c_t = (1/|a_t|) sum_i max_v p_T(v | h_t, a_{t,<i})``: the teacher's mean top-1
@@ -68,8 +71,9 @@ class SAGEOPDConfig(OPDConfig):
     """OPD's divergence knobs plus the turn selection."""
 
     alpha: float = constrained(0.5, ge=0, le=1, help="importance of a Weak turn (Skip = 0, Strong = 1)")
-    judge: str = constrained("teacher", choices=("teacher", "errors_only"),
-                             help="who labels non-error turns: the teacher, or nobody (they get default_label)")
+    judge: str = constrained("teacher", choices=("teacher", "teacher_scored", "errors_only"), help=(
+        "who labels non-error turns: the teacher's answer in words, the teacher's likeliest label word "
+        "(teacher_scored: its answer constrained to Skip/Weak/Strong), or nobody (they get default_label)"))
     default_label: str = constrained("weak", choices=LABELS,
                                      help="label of an unreadable verdict, and of non-error turns under errors_only")
     judge_max_new_tokens: int = constrained(16, ge=1, help="tokens the teacher may spend on a verdict (greedy)")

@@ -320,3 +320,35 @@ def test_the_defaulted_share_goes_into_the_result_record_with_a_warning_above_th
     assert validate_record(record)["training"] == high
     with pytest.raises(ValueError, match="training"):
         validate_record({**record, "training": {"judge_defaulted_share": "lots"}})
+
+
+def test_a_scored_judge_refuses_a_tokenizer_whose_labels_share_a_first_token(setup):
+    _, teacher, batch = setup  # the tiny model's tokenizer starts "Skip" and "Strong" with the same "S"
+    with pytest.raises(ValueError, match="algo.judge=teacher"):
+        judge_turns(teacher, batch.episodes, SAGEOPDConfig(judge="teacher_scored"))
+
+
+@pytest.mark.slow
+def test_the_scored_judge_takes_smollm2s_likeliest_label_word_for_every_asked_turn(setup):
+    """SmolLM2 as the judge (its answers in words are unreadable on these turns): every asked turn gets the label
+    whose first token it scores highest, the same as scoring each label's token on its own."""
+    from algorithms.sage_judge import judge_prompt, label_first_tokens
+    from agentgym_opd.policy.smollm2 import load_smollm2
+
+    _, _, batch = setup
+    judge = load_smollm2()
+    config = SAGEOPDConfig(judge="teacher_scored")
+    verdicts = judge_turns(judge, batch.episodes, config)
+    firsts = label_first_tokens(judge)
+    assert len(set(firsts)) == 3
+    for row, ep in enumerate(batch.episodes):
+        for k, turn in enumerate(ep.turns):
+            if turn.error is not None:
+                assert (verdicts.labels[row][k], verdicts.sources[row][k]) == ("strong", "error")
+                continue
+            assert verdicts.sources[row][k] == "judge" and verdicts.raw[row][k].startswith("scored skip=")
+            prompt = judge_prompt(judge, ep, k, config.judge_history_turns, config.judge_max_prompt_tokens)
+            alone = [float(judge.score([prompt], [[token]])[0].logprobs[0]) for token in firsts]
+            assert verdicts.labels[row][k] == ("skip", "weak", "strong")[alone.index(max(alone))]
+    counts = verdicts.counts()
+    assert counts["turns_defaulted"] == 0 and counts["judge_defaulted_share"] == 0.0

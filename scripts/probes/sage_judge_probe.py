@@ -10,6 +10,7 @@ its parser) and reports the share of readable verdicts, the labels, and the raw 
     AGENTGYM_OPD_DATA=../shared/data python scripts/probes/sage_judge_probe.py                 # zero-shot SmolLM2
     ... --model ~/.cache/agentgym_opd/bench-base/alfworld-teacher-<key>/model                  # the SFT'd teacher
     ... --games 4 --split valid_unseen --max-new-tokens 16 --autocast bfloat16
+    ... --judge teacher_scored                                                                 # no text read
 
 An ideal judge calls most of the expert's turns Skip or Weak; what matters first is whether it answers at all.
 """
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=16, help="algo.judge_max_new_tokens")
     parser.add_argument("--history-turns", type=int, default=6, help="algo.judge_history_turns")
     parser.add_argument("--autocast", default="bfloat16", choices=["none", "bfloat16"])
+    parser.add_argument("--judge", default="teacher", choices=["teacher", "teacher_scored"],
+                        help="algo.judge: the answer in words, or the likeliest label word (no text read)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
 
@@ -92,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     policy = load_student(args.model, load_config(None, [f"model.autocast={args.autocast}", "model.device=cpu"]).model,
                           trainable=False)
     episodes = expert_episodes(policy, args.split, args.games, args.seed, args.mistake_rate)
-    config = SAGEOPDConfig(judge_max_new_tokens=args.max_new_tokens, judge_history_turns=args.history_turns)
+    config = SAGEOPDConfig(judge=args.judge, judge_max_new_tokens=args.max_new_tokens,
+                           judge_history_turns=args.history_turns)
     started = time.perf_counter()
     verdicts = judge_turns(policy, episodes, config)
     wall = time.perf_counter() - started
