@@ -160,7 +160,7 @@ def train_and_evaluate(job: RunJob, context: JobContext, log: Callable[[str], No
     as it ends; the training time of a resumed run adds its earlier steps' rollout and update seconds.
     """
     settings = context.settings
-    run_dir = _run_dir(Path(settings.output_dir), job)
+    run_dir = run_dir_of(Path(settings.output_dir), job)
     store = part_store(context)
     resumable = store is not None and _kept_checkpoint_step(run_dir, store.key(job)) is not None
     if not resumable:
@@ -219,8 +219,16 @@ def train_and_evaluate(job: RunJob, context: JobContext, log: Callable[[str], No
 RUN_KEY_FILE = "bench_job_key"  # in a resumable bench's run folder: the key of the job that trains there
 
 
-def _run_dir(out: Path, job: RunJob) -> Path:
+def run_dir_of(out: Path, job: RunJob) -> Path:
     return out / "runs" / job.name / f"seed{job.seed}"
+
+
+def latest_checkpoint_step(run_dir: Path) -> int | None:
+    """The step of the newest checkpoint in a run folder, whoever made it; None where it has none."""
+    try:
+        return int((run_dir / "checkpoints" / "latest").read_text(encoding="utf-8").strip().removeprefix("step_"))
+    except (OSError, ValueError):
+        return None
 
 
 def _kept_checkpoint_step(run_dir: Path, key: str) -> int | None:
@@ -229,9 +237,9 @@ def _kept_checkpoint_step(run_dir: Path, key: str) -> int | None:
     try:
         if (run_dir / RUN_KEY_FILE).read_text(encoding="utf-8") != key:
             return None
-        return int((run_dir / "checkpoints" / "latest").read_text(encoding="utf-8").strip().removeprefix("step_"))
-    except (OSError, ValueError):
+    except OSError:
         return None
+    return latest_checkpoint_step(run_dir)
 
 
 def _steps_seconds(run_dir: Path) -> float:
@@ -358,7 +366,7 @@ def _kept_progress(job: Any, out: Path, env_ids: list[str], store: Any) -> tuple
     this job's key."""
     steps, splits = _progress(job, out, env_ids)
     if isinstance(job, RunJob):
-        steps = min(steps, _kept_checkpoint_step(_run_dir(out, job), store.key(job)) or 0)
+        steps = min(steps, _kept_checkpoint_step(run_dir_of(out, job), store.key(job)) or 0)
     return steps, [env for env in splits if store.load_part(job, env) is not None]
 
 
@@ -376,7 +384,7 @@ def _steps_done(job: Any, out: Path) -> int:
             return 0
     if not isinstance(job, RunJob):
         return 0
-    path = _run_dir(out, job) / "metrics.jsonl"
+    path = run_dir_of(out, job) / "metrics.jsonl"
     try:
         with open(path, "rb") as fh:
             return sum(1 for _ in fh)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.bench.job_store import job_file_stem, part_path
-from evaluation.bench.jobs import ReferenceJob, RunJob
+from evaluation.bench.jobs import ReferenceJob, RunJob, latest_checkpoint_step, run_dir_of
 from evaluation.bench.results import (format_paired, format_table, interval_cells, paired_comparisons,
                                       summarise_over_seeds)
 from evaluation.bench.settings import (BenchSettings, algorithm_flags, evaluation_envs, selected_algorithms,
@@ -49,13 +49,6 @@ def _pairs(rows: list[list[Any]]) -> dict[tuple[int, str], float]:
     return {(int(seed), str(task)): float(value) for seed, task, value in rows}
 
 
-def _checkpoint_step(run_dir: Path) -> int | None:
-    try:
-        return int((run_dir / "checkpoints" / "latest").read_text(encoding="utf-8").strip().removeprefix("step_"))
-    except (OSError, ValueError):
-        return None
-
-
 def bench_status(settings: BenchSettings) -> str:
     """The finished rows' table (Wilson intervals), the paired differences measurable so far and each job's state."""
     out = Path(settings.output_dir)
@@ -84,7 +77,7 @@ def bench_status(settings: BenchSettings) -> str:
                 records += part["value"]["records"]
                 pooled.setdefault(job.name, {}).setdefault(env_id, {}).update(_pairs(part["value"]["outcomes"]))
                 done.append(env_id)
-        step = _checkpoint_step(out / "runs" / job.name / f"seed{job.seed}") if isinstance(job, RunJob) else None
+        step = latest_checkpoint_step(run_dir_of(out, job)) if isinstance(job, RunJob) else None
         trained = f"trained {step} of {settings.steps} steps" if step is not None else ""
         if not done and step is None:
             states.append(f"{label}: not started")
