@@ -6,8 +6,9 @@ import pytest
 
 from evaluation.bench.job_store import JobStore
 from evaluation.bench.jobs import JobContext, JobOutcome, ReferenceJob, RunJob
-from evaluation.bench.settings import BenchSettings
-from evaluation.bench.status import bench_status, planned_jobs
+from evaluation.bench.pipeline import plan_jobs
+from evaluation.bench.settings import BenchSettings, algorithm_flags
+from evaluation.bench.status import bench_status
 from test_leaderboard import make_record
 
 UNSEEN = "household/valid_unseen"
@@ -30,7 +31,11 @@ def test_the_status_of_a_bench_that_never_ran_lists_every_job_as_not_started(set
     text = bench_status(settings)
     assert "0 of 5 jobs finished" in text and text.count(": not started") == 5
     assert "no evaluation is kept yet" in text
-    assert [job.name for job in planned_jobs(settings)] == ["warm_start", "warm_start+context", "teacher", "sft", "opd"]
+    flags = {name: algorithm_flags(name) for name in settings.algos}
+    assert [job.name for job in plan_jobs(settings, flags)] == ["warm_start", "warm_start+context", "teacher", "sft", "opd"]
+    # no method needs a teacher and none is given: no teacher row (the bench trains none)
+    assert [job.name for job in plan_jobs(settings, {"grpo": algorithm_flags("grpo")})] == [
+        "warm_start", "warm_start+context", "grpo"]
 
 
 def test_the_status_shows_finished_rows_paired_differences_and_the_parts_of_a_running_job(settings, tmp_path):

@@ -34,6 +34,12 @@ def job_file_stem(job: Any) -> str:
     return name.replace("/", "_").replace("+", "_plus_")
 
 
+def outcome_pairs(rows: list[list[Any]]) -> dict[tuple[int, str], float]:
+    """Per-task outcomes as kept on disk (``[[seed, task, success], ...]``: JSON has no tuple keys) back to
+    ``{(seed, task): success}``."""
+    return {(int(seed), str(task)): float(value) for seed, task, value in rows}
+
+
 def part_path(folder: Path, job: Any, part: str) -> Path:
     """Where a part of a running job (a split's evaluation) is kept: also read by the bench's progress bar."""
     return Path(folder) / "parts" / f"{job_file_stem(job)}__{part.replace('/', '_')}.json"
@@ -66,8 +72,7 @@ class JobStore:
         if data.get("key") != self.key(job):
             return None
         fields = data["outcome"]
-        fields["outcomes"] = {env: {(int(seed), task): float(value) for seed, task, value in rows}
-                              for env, rows in fields["outcomes"].items()}
+        fields["outcomes"] = {env: outcome_pairs(rows) for env, rows in fields["outcomes"].items()}
         return JobOutcome(**fields)
 
     def part_path(self, job: Any, part: str) -> Path:
@@ -84,7 +89,7 @@ class JobStore:
             return None
         value = data["value"]
         if "outcomes" in value:
-            value["outcomes"] = {(int(seed), task): float(v) for seed, task, v in value["outcomes"]}
+            value["outcomes"] = outcome_pairs(value["outcomes"])
         return value
 
     def save_part(self, job: Any, part: str, value: dict[str, Any]) -> None:

@@ -18,6 +18,22 @@ from evaluation.bench.settings import (BenchError, BenchSettings, algorithm_flag
                                        uses_base_models)
 
 
+def plan_jobs(settings: BenchSettings, flags: dict[str, tuple[bool, bool]], student: tuple[str, str] = ("", ""),
+              teacher: tuple[str, str] = ("", "")) -> list[Any]:
+    """The bench's jobs in its order: the reference rows (the warm start, with privileged context when it starts
+    from a base pair, the teacher when there is one), then every algorithm x seed. ``student`` and ``teacher`` are
+    (model path, record label); `bench --status` plans with them empty, as only the jobs' names matter there."""
+    base = uses_base_models(settings)
+    jobs: list[Any] = []
+    if settings.references:
+        jobs.append(ReferenceJob("warm_start", *student, curve=base))
+        if base:  # can the student's own network use privileged context (what every self-teacher relies on)?
+            jobs.append(ReferenceJob("warm_start+context", *student, context=True))
+        if settings.teacher is not None or any(needs_teacher for needs_teacher, _ in flags.values()):
+            jobs.append(ReferenceJob("teacher", *teacher))
+    return jobs + [RunJob(name, seed, *flags[name]) for name in flags for seed in settings.seeds]
+
+
 def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Warm start -> teacher -> every algorithm x seed -> evaluations -> records + leaderboard; the summary.
 
@@ -109,13 +125,7 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
 
     # 2. the reference rows (the warm start and the teacher, evaluated once: greedy has no seed to vary) and
     #    3. every algorithm x seed from the warm start with the same budget: independent jobs, run in parallel
-    jobs: list[Any] = []
-    if settings.references:
-        jobs.append(ReferenceJob("warm_start", student_path, student_label, curve=base))
-        if base:  # can the student's own network use privileged context (what every self-teacher relies on)?
-            jobs.append(ReferenceJob("warm_start+context", student_path, student_label, context=True))
-        jobs += [ReferenceJob("teacher", teacher_path, teacher_label)] if teacher_path else []
-    jobs += [RunJob(name, seed, *flags[name]) for name in flags for seed in settings.seeds]
+    jobs = plan_jobs(settings, flags, (student_path, student_label), (teacher_path, teacher_label))
     context = JobContext(settings, env_ids, section, student_path, teacher_path, labels)
     log(f"{len(jobs)} jobs on {min(workers, len(jobs))} worker process(es)")
     store = None

@@ -14,28 +14,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from evaluation.bench.job_store import job_file_stem, part_path
-from evaluation.bench.jobs import ReferenceJob, RunJob, latest_checkpoint_step, run_dir_of
+from evaluation.bench.job_store import job_file_stem, outcome_pairs, part_path
+from evaluation.bench.jobs import RunJob, latest_checkpoint_step, run_dir_of
+from evaluation.bench.pipeline import plan_jobs
 from evaluation.bench.results import (format_paired, format_table, interval_cells, paired_comparisons,
                                       summarise_over_seeds)
-from evaluation.bench.settings import (BenchSettings, algorithm_flags, evaluation_envs, selected_algorithms,
-                                       uses_base_models)
+from evaluation.bench.settings import BenchSettings, algorithm_flags, evaluation_envs, selected_algorithms
 
 STATUS_BASELINES = ("warm_start", "opd", "sft")  # the paired blocks printed: the issue's and the papers' baselines
-
-
-def planned_jobs(settings: BenchSettings) -> list[Any]:
-    """The jobs the bench runs for these settings, in its order (the reference rows' model paths left empty:
-    only their names and kinds matter here)."""
-    flags = {name: algorithm_flags(name) for name in selected_algorithms(settings)}
-    jobs: list[Any] = []
-    if settings.references:
-        jobs.append(ReferenceJob("warm_start", "", ""))
-        if uses_base_models(settings):
-            jobs.append(ReferenceJob("warm_start+context", "", ""))
-        if settings.teacher is not None or any(needs_teacher for needs_teacher, _ in flags.values()):
-            jobs.append(ReferenceJob("teacher", "", ""))
-    return jobs + [RunJob(name, seed, *flags[name]) for name in flags for seed in settings.seeds]
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -45,16 +31,12 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _pairs(rows: list[list[Any]]) -> dict[tuple[int, str], float]:
-    return {(int(seed), str(task)): float(value) for seed, task, value in rows}
-
-
 def bench_status(settings: BenchSettings) -> str:
     """The finished rows' table (Wilson intervals), the paired differences measurable so far and each job's state."""
     out = Path(settings.output_dir)
     folder = out / "jobs"
     env_ids = evaluation_envs(settings)
-    jobs = planned_jobs(settings)
+    jobs = plan_jobs(settings, {name: algorithm_flags(name) for name in selected_algorithms(settings)})
     records: list[dict[str, Any]] = []
     pooled: dict[str, dict[str, dict[tuple[int, str], float]]] = {}
     states: list[str] = []
@@ -66,7 +48,7 @@ def bench_status(settings: BenchSettings) -> str:
             outcome = kept["outcome"]
             records += outcome["records"]
             for env_id, rows in outcome["outcomes"].items():
-                pooled.setdefault(job.name, {}).setdefault(env_id, {}).update(_pairs(rows))
+                pooled.setdefault(job.name, {}).setdefault(env_id, {}).update(outcome_pairs(rows))
             states.append(f"{label}: finished ({outcome['wall_s']:.0f} s)")
             finished += 1
             continue
@@ -75,7 +57,7 @@ def bench_status(settings: BenchSettings) -> str:
             part = _read(part_path(folder, job, env_id))
             if part is not None:
                 records += part["value"]["records"]
-                pooled.setdefault(job.name, {}).setdefault(env_id, {}).update(_pairs(part["value"]["outcomes"]))
+                pooled.setdefault(job.name, {}).setdefault(env_id, {}).update(outcome_pairs(part["value"]["outcomes"]))
                 done.append(env_id)
         step = latest_checkpoint_step(run_dir_of(out, job)) if isinstance(job, RunJob) else None
         trained = f"trained {step} of {settings.steps} steps" if step is not None else ""
