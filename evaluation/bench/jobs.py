@@ -21,7 +21,8 @@ from evaluation.bench.episodes import (eval_env_args, eval_task_ids, evaluate_ev
                                        load_frozen_policy, make_env)
 from evaluation.bench.results import build_record
 from evaluation.bench.settings import BenchError, BenchSettings, resolved_curve_env
-from evaluation.bench.training import _trainer, run_overrides, sft_checkpoint, training_curve
+from evaluation.bench.training import (_trainer, release_freed_memory, run_diagnostics, run_overrides, sft_checkpoint,
+                                       steps_seconds, trained_policy, training_curve)
 
 
 @dataclass(frozen=True)
@@ -178,10 +179,13 @@ def train_and_evaluate(job: RunJob, context: JobContext, log: Callable[[str], No
         earlier_s = 0.0
         if resumable:
             trainer.resume(run_dir)
-            earlier_s = _steps_seconds(run_dir)
+            earlier_s = steps_seconds(run_dir)
             log(f"{job.name} seed {job.seed}: resumed from its step-{trainer.step} checkpoint of an earlier run")
         trainer.train()
         train_wall_s = earlier_s + time.perf_counter() - t0
+        policy = trained_policy(trainer)
+        del trainer  # evaluation needs the trained student alone: the rest of training's memory goes back now
+        release_freed_memory()
         curve = training_curve(run_dir, settings.episodes_per_step)
         diagnostics = run_diagnostics(run_dir)
         config = {"algo": algo_config, "bench": {**context.section, "train_wall_time_s": round(train_wall_s, 3)}}
@@ -194,8 +198,7 @@ def train_and_evaluate(job: RunJob, context: JobContext, log: Callable[[str], No
                 records.extend(part["records"])
                 outcomes[env_id] = part["outcomes"]
                 continue
-            # the trainer's evaluation policy: the student itself, or its unsharded copy under FSDP
-            episodes, wall = evaluate_policy(trainer.eval_engine.policy, env_id, settings,
+            episodes, wall = evaluate_policy(policy, env_id, settings,
                                              env_args=eval_env_args(env_id, settings),
                                              tasks=eval_task_ids(env_id, settings, job.seed))
             outcomes[env_id] = {(job.seed, e.task.id): float(e.success) for e in episodes}
@@ -240,26 +243,6 @@ def _kept_checkpoint_step(run_dir: Path, key: str) -> int | None:
     except OSError:
         return None
     return latest_checkpoint_step(run_dir)
-
-
-def _steps_seconds(run_dir: Path) -> float:
-    """Rollout and update seconds of the steps in a run's metrics.jsonl (a resumed run's earlier training)."""
-    import json
-
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] if path.is_file() else []
-    return sum(float(r.get("rollout_s", 0.0)) + float(r.get("update_s", 0.0)) for r in rows)
-
-
-def run_diagnostics(run_dir: Path) -> dict[str, float]:
-    """The record's ``training`` diagnostics from a run's metrics.jsonl (`evaluation.judge_diagnostics.training_diagnostics`)."""
-    import json
-
-    from evaluation.judge_diagnostics import training_diagnostics
-
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
-    return training_diagnostics([json.loads(line) for line in lines if line.strip()])
 
 
 def default_workers(settings: BenchSettings) -> int:

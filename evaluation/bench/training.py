@@ -1,5 +1,6 @@
 """Training inside a bench: the run config of one algorithm x seed, the older path's cached SFT warm start and
-teacher, and the training curve read back from a run's metrics."""
+teacher, the trained policy kept for evaluation (the rest of training's memory let go), and the training curve,
+time and diagnostics read back from a run's metrics."""
 
 from __future__ import annotations
 
@@ -26,6 +27,33 @@ def _trainer(overrides: list[str], algorithm: str, settings: BenchSettings) -> A
     eval_env = config.eval.env or config.env
     return Trainer(config, env_overrides=settings.resolved_env_args(), progress=settings.progress,
                    eval_env_overrides={"max_turns": settings.max_turns, **eval_env_args(eval_env, settings)})
+
+
+def trained_policy(trainer: Any) -> Any:
+    """The trainer's evaluation policy (the student itself, or its unsharded copy under FSDP), for a bench that
+    evaluates once training is over: the last step's gradients are dropped here, and the caller drops the trainer,
+    which lets go of the optimiser's moments, the teacher(s) and the training envs (for SmolLM2 1.6 GB of AdamW
+    moments and gradients alone; a split of 140 ALFWorld games side by side needs about 4.6 GB), then
+    `release_freed_memory`."""
+    policy = trainer.eval_engine.policy
+    for parameter in trainer.student.model.parameters():
+        parameter.grad = None
+    for env in trainer.envs:
+        env.close()
+    return policy
+
+
+def release_freed_memory() -> None:
+    """Collect what the dropped objects held and hand the freed heap back to the OS (glibc keeps freed small and
+    medium blocks otherwise, so a worker's resident size would stay at its training peak)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the OS gets the memory back when the allocator decides
+        pass
 
 
 def final_model_dir(run_dir: Path) -> Path:
@@ -102,3 +130,19 @@ def training_curve(run_dir: Path, episodes_per_step: int) -> list[dict[str, Any]
         if "eval/success" in row:
             points.append({"rollouts": int(row["step"]) * episodes_per_step, "success_rate": float(row["eval/success"])})
     return points
+
+
+def steps_seconds(run_dir: Path) -> float:
+    """Rollout and update seconds of the steps in a run's metrics.jsonl (a resumed run's earlier training)."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] if path.is_file() else []
+    return sum(float(r.get("rollout_s", 0.0)) + float(r.get("update_s", 0.0)) for r in rows)
+
+
+def run_diagnostics(run_dir: Path) -> dict[str, float]:
+    """The record's ``training`` diagnostics from a run's metrics.jsonl (`evaluation.judge_diagnostics.training_diagnostics`)."""
+    from evaluation.judge_diagnostics import training_diagnostics
+
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    return training_diagnostics([json.loads(line) for line in lines if line.strip()])
