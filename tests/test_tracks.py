@@ -83,6 +83,18 @@ def test_the_job_store_keeps_outcomes_by_what_they_depend_on(tmp_path):
     assert JobStore(tmp_path, _context(BenchSettings(env="alfworld/train", seeds=[0], jobs=4, progress=False))).load(job) == outcome
     assert JobStore(tmp_path, _context(BenchSettings(env="alfworld/train", seeds=[0], steps=17))).load(job) is None
     assert store.load(RunJob("opd", 1, True, False)) is None
+    # which other jobs the bench runs does not matter either: --algos adds a method to a finished folder
+    more = BenchSettings(env="alfworld/train", seeds=[0], algos=["opd", "grpo"], references=False,
+                         algo_overrides={"grpo": ["algo.kl_coef=0.1"]})
+    assert JobStore(tmp_path, _context(more)).load(job) == outcome
+    # but the job's own overrides and the teacher it trains with do
+    assert JobStore(tmp_path, _context(BenchSettings(env="alfworld/train", seeds=[0],
+                                                     algo_overrides={"opd": ["algo.top_k=8"]}))).load(job) is None
+    other_teacher = JobContext(settings, ["alfworld/train", "alfworld/valid_unseen"], {}, "/s", "/t2", {"student": "s"})
+    assert JobStore(tmp_path, other_teacher).load(job) is None
+    grpo = RunJob("grpo", 5, False, True)  # trains without a teacher: its key ignores which one the bench has
+    store.save(grpo, JobOutcome("grpo", 5, records=[{"algorithm": "grpo"}], wall_s=1.0))
+    assert JobStore(tmp_path, other_teacher).load(grpo) is not None
     # a failed job is not kept: a rerun tries it again
     failed = RunJob("grpo", 0, False, True)
     store.save(failed, JobOutcome("grpo", 0, error="boom"))

@@ -2,9 +2,10 @@
 
 A real-LM track takes hours: each job's outcome (records, per-task outcomes, curve point, messages, wall time,
 error) is written to ``<out>/jobs/<job>.json`` the moment the job ends, beside a key: a hash of the job and of
-everything its result depends on (the bench's settings, less what only changes how it runs: progress bars,
-worker count; the student and teacher it starts from). A rerun of the same bench reads back every outcome whose
-key matches and runs only the rest; a changed setting changes the key, so a stale outcome is never reused.
+everything its result depends on (the bench's settings, less what only changes how it runs, such as progress
+bars and the worker count, and less which other jobs it runs; the student it starts from, the teacher it trains
+with). A rerun reads back every outcome whose key matches and runs only the rest, so ``--algos`` can add a method
+to a finished bench's folder; a changed setting changes the key, so a stale outcome is never reused.
 Failed jobs are not kept: a rerun tries them again. Writes go through a temporary file and a rename, so a kill
 mid-write leaves the previous state, never half a file.
 
@@ -25,6 +26,10 @@ from typing import Any
 
 # settings that change how a bench runs, not what a job computes
 RUN_ONLY_SETTINGS = ("progress", "jobs", "publish", "resume", "output_dir")
+# settings that choose which jobs a bench runs: a job's key carries only its own share of them (its algorithm's
+# overrides; the teacher where the job uses one), so adding a method to a finished bench's folder (``--algos``)
+# reuses every job it already holds
+PLAN_SETTINGS = ("algos", "references", "algo_overrides", "teacher")
 
 
 def job_file_stem(job: Any) -> str:
@@ -50,12 +55,21 @@ class JobStore:
 
     def __init__(self, folder: Path, context: Any):
         self.folder = Path(folder)
-        settings = {k: v for k, v in dataclasses.asdict(context.settings).items() if k not in RUN_ONLY_SETTINGS}
+        settings = {k: v for k, v in dataclasses.asdict(context.settings).items()
+                    if k not in RUN_ONLY_SETTINGS + PLAN_SETTINGS}
         self.shared = {"settings": settings, "env_ids": list(context.env_ids), "student": context.student_path,
-                       "teacher": context.teacher_path, "labels": context.labels}
+                       "student_label": context.labels.get("student")}
+        self.teacher = {"teacher": context.teacher_path, "teacher_label": context.labels.get("teacher")}
+        self.algo_overrides = dict(context.settings.algo_overrides)
 
     def key(self, job: Any) -> str:
-        payload = {**self.shared, "job": type(job).__name__, "fields": dataclasses.asdict(job)}
+        """A hash of the job and of what its result depends on: the shared settings, the student it starts from,
+        its own algorithm's overrides, and the teacher only where it trains with one (a reference row's model is
+        one of its fields)."""
+        payload = {**self.shared, "job": type(job).__name__, "fields": dataclasses.asdict(job),
+                   "algo_overrides": list(self.algo_overrides.get(job.name, []))}
+        if getattr(job, "needs_teacher", False):
+            payload.update(self.teacher)
         return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
     def path(self, job: Any) -> Path:
