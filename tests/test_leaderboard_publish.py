@@ -97,7 +97,7 @@ def test_weights_hash_follows_the_weights():
 
 @pytest.mark.parametrize("quick, flags", [
     (True, []),
-    (True, ["--seeds", "5,", "--lr", "0.001", "--algos", "opd,grpo"]),
+    (True, ["--seeds", "5,", "--lr", "0.001", "--algos", "opd,grpo", "--eval-batch", "16"]),
     (False, ["--seeds", "0,1", "--steps", "8", "--env-arg", "num_tasks=6", "--algo-set", "grpo:algo.kl_coef=0.01"]),
     (False, ["--base-models", "off", "--no-references", "--algos", "opd"]),
 ])

@@ -52,6 +52,7 @@ def test_the_smollm2_alfworld_preset(monkeypatch, tmp_path):
     assert settings.algos == ["opd", "vpd"] and settings.steps == 3
     assert evaluation_envs(settings) == ["alfworld/train", "alfworld/valid_unseen"]
     assert settings.overrides[-1] == "train.lr=1e-5" and "model.autocast=bfloat16" in settings.overrides
+    assert settings.eval_batch == 64 and parse("--track", "smollm2-alfworld", "--eval-batch", "140").eval_batch == 140
 
 
 def test_an_unknown_track_is_a_setup_error_naming_the_tracks():

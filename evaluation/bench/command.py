@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=None, help="learning rate of every algorithm run")
     parser.add_argument("--temperature", type=float, default=None, help="rollout sampling temperature")
     parser.add_argument("--eval-episodes", type=int, default=None, help="greedy episodes per evaluation split")
+    parser.add_argument("--eval-batch", type=int, default=None, metavar="N",
+                        help="games an evaluation plays side by side (default: a split's all at once; a track sets its own)")
     parser.add_argument("--max-turns", type=int, default=None, help="turns per episode, training and evaluation")
     parser.add_argument("--warm-steps", type=int, default=None, help="SFT steps of the warm start")
     parser.add_argument("--teacher-steps", type=int, default=None, help="SFT steps of the trained teacher")
@@ -100,7 +102,8 @@ def settings_from_args(args: argparse.Namespace):
 
     changes: dict = {}
     simple = {"steps": "steps", "episodes_per_step": "episodes_per_step", "group_size": "group_size", "lr": "lr",
-              "temperature": "temperature", "eval_episodes": "eval_episodes", "max_turns": "max_turns", "warm_steps": "warm_steps",
+              "temperature": "temperature", "eval_episodes": "eval_episodes", "eval_batch": "eval_batch",
+              "max_turns": "max_turns", "warm_steps": "warm_steps",
               "teacher_steps": "teacher_steps", "output_dir": "output_dir", "student": "student",
               "teacher": "teacher", "env": "env", "device": "device", "base_models": "base_models",
               "base_steps": "base_steps", "base_train_tasks": "base_train_tasks"}

@@ -42,7 +42,8 @@ def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_ar
     episodes = play_tasks(policy, env_id, tasks, sampling=SamplingParams(max_new_tokens=settings.max_new_tokens,
                                                                          temperature=0.0),
                           action_parser=protocol.action_parser, system_prompt=protocol.system_prompt,
-                          seed=settings.eval_seed, batch_size=len(tasks), max_context_tokens=BENCH_CONTEXT_TOKENS,
+                          seed=settings.eval_seed, batch_size=min(len(tasks), settings.eval_batch or len(tasks)),
+                          max_context_tokens=BENCH_CONTEXT_TOKENS,
                           env_kwargs=overrides, contexts=contexts)
     return episodes, time.perf_counter() - started
 

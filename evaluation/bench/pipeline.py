@@ -57,6 +57,8 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
         raise BenchError("--seeds needs at least one seed")
     if settings.steps < 1 or settings.episodes_per_step < 1:
         raise BenchError("steps and episodes per step must be positive")
+    if settings.eval_batch is not None and settings.eval_batch < 1:
+        raise BenchError(f"--eval-batch must be at least 1 game, got {settings.eval_batch}")
     algos = selected_algorithms(settings)
     env_ids = evaluation_envs(settings)
     out = Path(settings.output_dir)

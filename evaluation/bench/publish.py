@@ -32,7 +32,8 @@ from evaluation.records import REFERENCE_ROWS, RecordError, dirty_problem
 TEACHER_FROM_CHECKPOINT = ("opd", "sage_opd")
 # bench settings -> the `agentgym-opd bench` flag that sets them
 FLAGS = {"steps": "--steps", "episodes_per_step": "--episodes-per-step", "group_size": "--group-size", "lr": "--lr",
-         "temperature": "--temperature", "eval_episodes": "--eval-episodes", "max_turns": "--max-turns",
+         "temperature": "--temperature", "eval_episodes": "--eval-episodes", "eval_batch": "--eval-batch",
+         "max_turns": "--max-turns",
          "warm_steps": "--warm-steps", "teacher_steps": "--teacher-steps", "student": "--student",
          "teacher": "--teacher", "env": "--env", "base_models": "--base-models", "base_steps": "--base-steps",
          "base_train_tasks": "--base-train-tasks"}

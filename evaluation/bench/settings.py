@@ -61,6 +61,9 @@ class BenchSettings:
     eval_points: int = 4  # evaluations during training (the curve), besides step 0
     eval_episodes: int = 100  # per held-out split and seed (3 seeds: a 95% half-width <= 0.06 per cell)
     eval_seed: int = 0
+    # games one evaluation plays side by side (an ended game's slot goes to the next); None: a split's games all at
+    # once. Memory grows with it (a SmolLM2 ALFWorld game ~33 MB), time hardly: the decode is bound by each row's cache
+    eval_batch: int | None = None
     warm_steps: int = 70
     warm_lr: float = 3e-3
     warm_context_fraction: float = 0.5

@@ -54,10 +54,12 @@ SMOLLM2_ALFWORLD = Track(
     question="does method X beat OPD on a real LM agent (SmolLM2-135M) on ALFWorld?",
     student=STUDENT_SPEC,
     teacher=TEACHER_SPEC,
+    # eval_batch: two workers each evaluating a split's 140 games at once held 12-14 GB apiece (swap needed on a
+    # 24 GiB machine); 64 games side by side take ~2.5 GB less each
     settings=dict(env="alfworld/train", eval_envs=["alfworld/valid_seen", "alfworld/valid_unseen"], student="smollm2",
                   seeds=[0], steps=8, episodes_per_step=8, group_size=4, lr=3e-5, temperature=1.0, eval_points=1,
-                  eval_episodes=140, train_eval_episodes=8, curve_episodes=16, max_turns=20, max_new_tokens=24,
-                  threads=1, resume=True, output_dir="runs/bench-smollm2-alfworld"),
+                  eval_episodes=140, eval_batch=64, train_eval_episodes=8, curve_episodes=16, max_turns=20,
+                  max_new_tokens=24, threads=1, resume=True, output_dir="runs/bench-smollm2-alfworld"),
     default_algos=("sft", "opd", "sage_opd", "opsd", "grpo"),
     # fitted to the first track (one core each, the other core busy): evaluation 6.7-24.5 s an episode (time
     # follows turns: the plan-given warm start plays 6 turns, the warm start 16.5; a method starts where the warm
