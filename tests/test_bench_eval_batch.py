@@ -1,9 +1,11 @@
-"""`--eval-batch`: how many games a bench evaluation plays side by side, which bounds its memory; the games and
-their outcomes stay the same (an ended game's slot goes to the next task)."""
+"""A bench evaluation's batch and progress: `--eval-batch` bounds how many games it plays side by side (its
+memory; the games and their outcomes stay the same: an ended game's slot goes to the next task), and it writes
+the games ended so far for the bench's progress bar."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -49,3 +51,21 @@ def _task_ids(settings: BenchSettings) -> list[str]:
 def test_an_eval_batch_below_one_game_is_a_setup_error(tmp_path):
     with pytest.raises(BenchError, match="--eval-batch must be at least 1"):
         run_bench(BenchSettings(eval_batch=0, output_dir=str(tmp_path), progress=False))
+
+
+def test_an_evaluation_writes_the_games_it_has_ended_for_the_progress_bar(tmp_path):
+    settings = BenchSettings(max_turns=3, device="cpu")
+    policy = load_frozen_policy(str(STUDENT), settings)
+    progress = tmp_path / "jobs" / "parts" / "x.progress"
+    seen: list[str] = []
+    original = Path.write_text
+
+    def spy(self, text, *args, **kwargs):
+        if self == progress:
+            seen.append(text)
+        return original(self, text, *args, **kwargs)
+
+    with mock.patch.object(Path, "write_text", spy):
+        evaluate_policy(policy, UNSEEN, settings, env_args=eval_env_args(UNSEEN, settings),
+                        tasks=_task_ids(settings)[:3], progress_file=progress)
+    assert seen == ["0/3", "1/3", "2/3", "3/3"] and progress.read_text() == "3/3"

@@ -57,20 +57,26 @@ def test_a_running_jobs_kept_splits_count_by_their_episodes(tmp_path):
     """A track's reference row evaluates for an hour: the bar counts each split it has kept (weighted by the
     split's episodes), so its time left is not a day's worth extrapolated from a still-zero job (22 h shown
     for a track with ~6 h left). Nothing kept: nothing counted until the job ends, as before."""
-    from evaluation.bench.job_store import part_path
+    from evaluation.bench.job_store import eval_progress_path, part_path
     from evaluation.bench.jobs import _progress, job_work_done
 
     envs = ["alfworld/train", "alfworld/valid_seen", "alfworld/valid_unseen"]
     weights = {"alfworld/train": 8, "alfworld/valid_seen": 140, "alfworld/valid_unseen": 140}
     reference, run = ReferenceJob("teacher", "unused", "teacher"), RunJob("opd", 0, True, False)
-    assert _progress(reference, tmp_path, envs) == (0, [])
+    assert _progress(reference, tmp_path, envs) == (0, {})
     assert job_work_done((0.0, 2880.0), 1, weights, _progress(reference, tmp_path, envs)) == 0.0
     for env in envs[:2]:
         path = part_path(tmp_path / "jobs", reference, env)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
-    assert _progress(reference, tmp_path, envs) == (0, envs[:2])
+    assert _progress(reference, tmp_path, envs) == (0, {envs[0]: 1.0, envs[1]: 1.0})
     assert job_work_done((0.0, 2880.0), 1, weights, _progress(reference, tmp_path, envs)) == 2880.0 * 148 / 288
+    # the split it is playing counts by the games ended so far (written as each ends)
+    eval_progress_path(tmp_path / "jobs", reference, envs[2]).write_text("35/140")
+    assert _progress(reference, tmp_path, envs) == (0, {envs[0]: 1.0, envs[1]: 1.0, envs[2]: 0.25})
+    assert job_work_done((0.0, 2880.0), 1, weights, _progress(reference, tmp_path, envs)) == 2880.0 * 183 / 288
+    eval_progress_path(tmp_path / "jobs", reference, envs[2]).write_text("35/")  # caught mid-write: not counted
+    assert _progress(reference, tmp_path, envs) == (0, {envs[0]: 1.0, envs[1]: 1.0})
     # a training run: its steps from metrics.jsonl, then its splits
     metrics = tmp_path / "runs" / "opd" / "seed0" / "metrics.jsonl"
     metrics.parent.mkdir(parents=True)
@@ -85,7 +91,7 @@ def test_a_resumed_bench_counts_only_what_it_will_continue_from(tmp_path):
     back when they were cleared: a negative time left), and splits count only when kept under the job's key."""
     from types import SimpleNamespace
 
-    from evaluation.bench.job_store import JobStore
+    from evaluation.bench.job_store import JobStore, eval_progress_path
     from evaluation.bench.jobs import _kept_progress
 
     envs = ["alfworld/train", "alfworld/valid_seen"]
@@ -96,11 +102,12 @@ def test_a_resumed_bench_counts_only_what_it_will_continue_from(tmp_path):
     run_dir = tmp_path / "runs" / "opd" / "seed0"
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
-    assert _kept_progress(run, tmp_path, envs, store) == (0, [])  # an old run's folder: it starts over
+    assert _kept_progress(run, tmp_path, envs, store) == (0, {})  # an old run's folder: it starts over
     (run_dir / "bench_job_key").write_text(store.key(run))
     (run_dir / "checkpoints" / "latest").write_text("step_2")
-    assert _kept_progress(run, tmp_path, envs, store) == (2, [])  # step 3 was logged, not checkpointed
+    assert _kept_progress(run, tmp_path, envs, store) == (2, {})  # step 3 was logged, not checkpointed
     store.save_part(run, "alfworld/train", {"records": [], "outcomes": {}})
     stale = store.part_path(run, "alfworld/valid_seen")
     stale.write_text('{"key": "another bench", "value": {}}')
-    assert _kept_progress(run, tmp_path, envs, store) == (2, ["alfworld/train"])
+    eval_progress_path(tmp_path / "jobs", run, "alfworld/valid_seen").write_text("70/140")  # a split a killed run
+    assert _kept_progress(run, tmp_path, envs, store) == (2, {"alfworld/train": 1.0})  # was playing starts over

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluation.bench.job_store import JobStore
+from evaluation.bench.job_store import JobStore, eval_progress_path
 from evaluation.bench.jobs import JobContext, JobOutcome, ReferenceJob, RunJob
 from evaluation.bench.pipeline import plan_jobs
 from evaluation.bench.settings import BenchSettings, algorithm_flags
@@ -32,7 +32,8 @@ def test_the_status_of_a_bench_that_never_ran_lists_every_job_as_not_started(set
     assert "0 of 5 jobs finished" in text and text.count(": not started") == 5
     assert "no evaluation is kept yet" in text
     flags = {name: algorithm_flags(name) for name in settings.algos}
-    assert [job.name for job in plan_jobs(settings, flags)] == ["warm_start", "warm_start+context", "teacher", "sft", "opd"]
+    planned = [job.name for job in plan_jobs(settings, flags)]
+    assert planned == ["warm_start", "warm_start+context", "teacher", "sft", "opd"]
     # no method needs a teacher and none is given: no teacher row (the bench trains none)
     assert [job.name for job in plan_jobs(settings, {"grpo": algorithm_flags("grpo")})] == [
         "warm_start", "warm_start+context", "grpo"]
@@ -55,6 +56,11 @@ def test_the_status_shows_finished_rows_paired_differences_and_the_parts_of_a_ru
     assert "warm_start: finished (60 s)" in text and "opd seed 0: finished (60 s)" in text
     assert f"sft seed 0: trained 3 of 4 steps; evaluated on {UNSEEN}" in text
     assert "teacher: not started" in text
+    # the teacher's row is playing its first split: the games ended so far (the split starts over on a rerun)
+    progress = eval_progress_path(tmp_path / "jobs", ReferenceJob("teacher", "", ""), "household/train")
+    progress.write_text("7/32")
+    playing = "teacher: playing household/train: 7/32 games ended (a rerun starts this split over)"
+    assert playing in bench_status(settings)
     table = text.split("\n\n")[1]
     assert [line.split()[0] for line in table.splitlines()[2:]] == ["warm_start", "sft", "opd"]
     assert "0.600" in table and "0.250" in table  # opd 12/20, warm start 5/20

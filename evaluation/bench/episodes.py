@@ -7,13 +7,15 @@ tasks chosen here, so a bench cell and a published row compare task for task.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from evaluation.bench.settings import BenchSettings
 
 
 def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_args: dict[str, Any],
-                    tasks: list[str] | None = None, with_context: bool = False) -> tuple[list[Any], float]:
+                    tasks: list[str] | None = None, with_context: bool = False,
+                    progress_file: Path | None = None) -> tuple[list[Any], float]:
     """Greedy episodes on a fixed subset of the split's tasks; (episodes, wall seconds).
 
     The engine is built like the trainer's evaluation engine (same system prompt, action parser, greedy
@@ -21,7 +23,8 @@ def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_ar
     ``eval_episodes``), so the ``train`` row, the curve's point 0 and a training-time ``eval/success``
     mean the same thing. Other splits: the runner's evenly spaced subset, spread over task types.
     ``tasks`` (default: ``eval_task_ids`` of the first seed) chooses them explicitly; ``with_context`` shows
-    each task's privileged context after the first observation, as a self-teacher sees it.
+    each task's privileged context after the first observation, as a self-teacher sees it. ``progress_file``:
+    rewritten with ``done/total`` as each game ends (`jobs.eval_progress` reads it for the bench's bar).
     """
     from agentgym_opd.playing import play_tasks
     from agentgym_opd.policy.base import SamplingParams
@@ -43,9 +46,24 @@ def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_ar
                                                                          temperature=0.0),
                           action_parser=protocol.action_parser, system_prompt=protocol.system_prompt,
                           seed=settings.eval_seed, batch_size=min(len(tasks), settings.eval_batch or len(tasks)),
-                          max_context_tokens=BENCH_CONTEXT_TOKENS,
-                          env_kwargs=overrides, contexts=contexts)
+                          max_context_tokens=BENCH_CONTEXT_TOKENS, env_kwargs=overrides, contexts=contexts,
+                          on_episode=_progress_writer(progress_file, len(tasks)))
     return episodes, time.perf_counter() - started
+
+
+def _progress_writer(path: Path | None, total: int) -> Any:
+    """An ``on_episode`` callback writing ``done/total`` to ``path`` (None: no callback)."""
+    if path is None:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ended = [0]
+
+    def wrote(index: int, episode: Any) -> None:
+        ended[0] += 1
+        path.write_text(f"{ended[0]}/{total}", encoding="utf-8")
+
+    path.write_text(f"0/{total}", encoding="utf-8")
+    return wrote
 
 
 def privileged_contexts(env: Any, tasks: list[str]) -> list[str | None]:
@@ -61,14 +79,14 @@ def make_env(env_id: str, settings: BenchSettings, env_args: dict[str, Any]) -> 
     return make(env_id, **{"max_turns": settings.max_turns, **env_args})
 
 
-def evaluate_every_seed(policy: Any, env_id: str, settings: BenchSettings, *,
-                        with_context: bool = False) -> tuple[dict[int, list[str]], dict[str, Any], float]:
+def evaluate_every_seed(policy: Any, env_id: str, settings: BenchSettings, *, with_context: bool = False,
+                        progress_file: Path | None = None) -> tuple[dict[int, list[str]], dict[str, Any], float]:
     """Every seed's tasks played greedily once: (task ids per seed, episode per task id, wall seconds). Greedy
     decoding has no seed, so one evaluation of the union of the seeds' tasks serves them all."""
     by_seed = {seed: eval_task_ids(env_id, settings, seed) for seed in settings.seeds}
     tasks = list(dict.fromkeys(t for ids in by_seed.values() for t in ids))  # seeds 16 apart share tasks
     episodes, wall = evaluate_policy(policy, env_id, settings, env_args=eval_env_args(env_id, settings), tasks=tasks,
-                                     with_context=with_context)
+                                     with_context=with_context, progress_file=progress_file)
     return by_seed, {e.task.id: e for e in episodes}, wall
 
 

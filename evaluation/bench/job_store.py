@@ -50,6 +50,12 @@ def part_path(folder: Path, job: Any, part: str) -> Path:
     return Path(folder) / "parts" / f"{job_file_stem(job)}__{part.replace('/', '_')}.json"
 
 
+def eval_progress_path(folder: Path, job: Any, part: str) -> Path:
+    """Where a running split's evaluation writes ``done/total`` games as each ends (the bench's progress bar reads it;
+    an hour-long split would otherwise count as nothing until its part is kept)."""
+    return part_path(folder, job, part).with_suffix(".progress")
+
+
 class JobStore:
     """Outcomes of finished jobs under ``<out>/jobs``, keyed by what they depend on."""
 

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from evaluation.bench.episodes import (eval_env_args, eval_task_ids, evaluate_every_seed, evaluate_policy,
                                        load_frozen_policy, make_env)
+from evaluation.bench.job_store import eval_progress_path, part_path
 from evaluation.bench.results import build_record
 from evaluation.bench.settings import BenchError, BenchSettings, resolved_curve_env
 from evaluation.bench.training import (_trainer, release_freed_memory, run_diagnostics, run_overrides, sft_checkpoint,
@@ -115,7 +116,9 @@ def run_job(job: SFTJob | ReferenceJob | RunJob, context: JobContext) -> JobOutc
         for env_id in context.env_ids:
             part = store.load_part(job, env_id) if store else None
             if part is None:
-                by_seed, by_task, wall = evaluate_every_seed(policy, env_id, settings, with_context=job.context)
+                progress_file = eval_progress_path(out / "jobs", job, env_id)
+                by_seed, by_task, wall = evaluate_every_seed(policy, env_id, settings, with_context=job.context,
+                                                             progress_file=progress_file)
                 records = [build_record(  # one record per seed (its tasks), like the trained rows
                     env_id, [by_task[t] for t in ids], algorithm=job.name, student=job.label, teacher=None,
                     algorithm_config={"bench": {**context.section, "context": job.context}}, seed=seed,
@@ -161,7 +164,7 @@ def train_and_evaluate(job: RunJob, context: JobContext, log: Callable[[str], No
     as it ends; the training time of a resumed run adds its earlier steps' rollout and update seconds.
     """
     settings = context.settings
-    run_dir = run_dir_of(Path(settings.output_dir), job)
+    run_dir, jobs_folder = run_dir_of(Path(settings.output_dir), job), Path(settings.output_dir) / "jobs"
     store = part_store(context)
     resumable = store is not None and _kept_checkpoint_step(run_dir, store.key(job)) is not None
     if not resumable:
@@ -198,9 +201,9 @@ def train_and_evaluate(job: RunJob, context: JobContext, log: Callable[[str], No
                 records.extend(part["records"])
                 outcomes[env_id] = part["outcomes"]
                 continue
-            episodes, wall = evaluate_policy(policy, env_id, settings,
-                                             env_args=eval_env_args(env_id, settings),
-                                             tasks=eval_task_ids(env_id, settings, job.seed))
+            episodes, wall = evaluate_policy(policy, env_id, settings, env_args=eval_env_args(env_id, settings),
+                                             tasks=eval_task_ids(env_id, settings, job.seed),
+                                             progress_file=eval_progress_path(jobs_folder, job, env_id))
             outcomes[env_id] = {(job.seed, e.task.id): float(e.success) for e in episodes}
             records.append(build_record(env_id, episodes, algorithm=job.name, student=context.labels["student"],
                                         teacher=context.labels["teacher"] if job.needs_teacher else None,
@@ -321,36 +324,50 @@ def _job_forecast(job: Any, settings: BenchSettings, costs: Any) -> tuple[float,
 
 
 def job_work_done(forecast: tuple[float, float], units: int, split_weight: dict[str, float],
-                  progress: tuple[int, list[str]] | None = None) -> float:
+                  progress: tuple[int, dict[str, float]] | None = None) -> float:
     """Forecast seconds of a job done: all of it when it ended (``progress`` None), else its followed part by
-    steps and the rest by the splits whose evaluation is kept (a resumable bench keeps them as they end), each
-    split weighing its episodes."""
+    steps and the rest by how much of each split's evaluation is done (1 where it is kept; a resumable bench keeps
+    them as they end), each split weighing its episodes."""
     followed, rest = forecast
     if progress is None:
         return followed + rest
     steps, splits = progress
     total = sum(split_weight.values()) or 1.0
-    return followed * min(steps, units) / max(units, 1) + rest * sum(split_weight.get(e, 0.0) for e in splits) / total
+    evaluated = sum(split_weight.get(e, 0.0) * share for e, share in splits.items())
+    return followed * min(steps, units) / max(units, 1) + rest * evaluated / total
 
 
-def _progress(job: Any, out: Path, env_ids: list[str]) -> tuple[int, list[str]]:
-    """(steps done, splits evaluated) of a running job as seen from outside (its files)."""
-    from evaluation.bench.job_store import part_path
-
+def _progress(job: Any, out: Path, env_ids: list[str]) -> tuple[int, dict[str, float]]:
+    """(steps done, share of each split evaluated) of a running job as seen from outside (its files): a kept split
+    counts whole, a running one by the games its evaluation has ended."""
     if not isinstance(job, (RunJob, ReferenceJob)):
-        return _steps_done(job, out), []
-    return _steps_done(job, out), [env for env in env_ids if part_path(out / "jobs", job, env).is_file()]
+        return _steps_done(job, out), {}
+    splits = {}
+    for env in env_ids:
+        share = 1.0 if part_path(out / "jobs", job, env).is_file() else eval_progress(out / "jobs", job, env)
+        if share > 0:
+            splits[env] = share
+    return _steps_done(job, out), splits
 
 
-def _kept_progress(job: Any, out: Path, env_ids: list[str], store: Any) -> tuple[int, list[str]]:
+def eval_progress(folder: Path, job: Any, env_id: str) -> float:
+    """The share of a split's games a running evaluation has ended (`episodes.evaluate_policy`'s progress file)."""
+    try:
+        done, total = (float(x) for x in eval_progress_path(folder, job, env_id).read_text(encoding="utf-8").split("/"))
+        return min(1.0, done / total) if total > 0 else 0.0
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _kept_progress(job: Any, out: Path, env_ids: list[str], store: Any) -> tuple[int, dict[str, float]]:
     """What of a job not yet finished an earlier run left for this one to continue from: a training run's steps
     up to its newest checkpoint when its folder carries this job's key (else the run starts over: its old
     metrics lines do not count, or the bar would step back when they are cleared), and the splits kept under
-    this job's key."""
-    steps, splits = _progress(job, out, env_ids)
+    this job's key (a split an earlier run was playing starts over)."""
+    steps, _ = _progress(job, out, env_ids)
     if isinstance(job, RunJob):
         steps = min(steps, _kept_checkpoint_step(run_dir_of(out, job), store.key(job)) or 0)
-    return steps, [env for env in splits if store.load_part(job, env) is not None]
+    return steps, {env: 1.0 for env in env_ids if store.load_part(job, env) is not None}
 
 
 def _steps_done(job: Any, out: Path) -> int:

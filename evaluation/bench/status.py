@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from evaluation.bench.job_store import job_file_stem, outcome_pairs, part_path
+from evaluation.bench.job_store import eval_progress_path, job_file_stem, outcome_pairs, part_path
 from evaluation.bench.jobs import RunJob, latest_checkpoint_step, run_dir_of
 from evaluation.bench.pipeline import plan_jobs
 from evaluation.bench.results import (format_paired, format_table, interval_cells, paired_comparisons,
@@ -29,6 +29,14 @@ def _read(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def _games(folder: Path, job: Any, env_id: str) -> str:
+    """``done/total`` of a split a job is playing now (or was, when it was stopped), '' when none."""
+    try:
+        return eval_progress_path(folder, job, env_id).read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
 
 
 def bench_status(settings: BenchSettings) -> str:
@@ -60,12 +68,16 @@ def bench_status(settings: BenchSettings) -> str:
                 pooled.setdefault(job.name, {}).setdefault(env_id, {}).update(outcome_pairs(part["value"]["outcomes"]))
                 done.append(env_id)
         step = latest_checkpoint_step(run_dir_of(out, job)) if isinstance(job, RunJob) else None
-        trained = f"trained {step} of {settings.steps} steps" if step is not None else ""
-        if not done and step is None:
+        playing = [f"playing {env_id}: {games} games ended (a rerun starts this split over)" for env_id in env_ids
+                   if env_id not in done and (games := _games(folder, job, env_id))]
+        if not done and step is None and not playing:
             states.append(f"{label}: not started")
             continue
-        evaluated = f"evaluated on {', '.join(done)}" if done else ""
-        states.append(f"{label}: " + "; ".join(x for x in (trained, evaluated) if x) + " (kept; a rerun goes on from there)")
+        kept = [f"trained {step} of {settings.steps} steps" if step is not None else "",
+                f"evaluated on {', '.join(done)}" if done else ""]
+        kept_text = "; ".join(x for x in kept if x)
+        said = [kept_text + " (kept; a rerun goes on from there)"] if kept_text else []
+        states.append(f"{label}: " + "; ".join(said + playing))
     lines = [f"bench status of {out} ({finished} of {len(jobs)} jobs finished; outcomes as kept under jobs/, not checked against these settings' keys):"]
     lines += [f"  {s}" for s in states]
     if not records:
