@@ -72,3 +72,8 @@ def test_a_corrupt_outcome_file_reads_as_not_finished(settings, tmp_path):
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "RunJob-opd-seed0.json").write_text('{"key": "')  # a kill mid-write
     assert "opd seed 0: not started" in bench_status(settings)
+    # once its run folder carries the job's key, it is training (its first step not yet kept)
+    run_dir = tmp_path / "runs" / "opd" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "bench_job_key").write_text("k")
+    assert "opd seed 0: training, no step kept yet" in bench_status(settings)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.bench.job_store import eval_progress_path, job_file_stem, outcome_pairs, part_path
-from evaluation.bench.jobs import RunJob, latest_checkpoint_step, run_dir_of
+from evaluation.bench.jobs import RUN_KEY_FILE, RunJob, latest_checkpoint_step, run_dir_of
 from evaluation.bench.pipeline import plan_jobs
 from evaluation.bench.results import (format_paired, format_table, interval_cells, paired_comparisons,
                                       summarise_over_seeds)
@@ -71,7 +71,8 @@ def bench_status(settings: BenchSettings) -> str:
         playing = [f"playing {env_id}: {games} games ended (a rerun starts this split over)" for env_id in env_ids
                    if env_id not in done and (games := _games(folder, job, env_id))]
         if not done and step is None and not playing:
-            states.append(f"{label}: not started")
+            started = isinstance(job, RunJob) and (run_dir_of(out, job) / RUN_KEY_FILE).is_file()
+            states.append(f"{label}: " + ("training, no step kept yet" if started else "not started"))
             continue
         kept = [f"trained {step} of {settings.steps} steps" if step is not None else "",
                 f"evaluated on {', '.join(done)}" if done else ""]
