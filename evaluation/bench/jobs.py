@@ -396,11 +396,10 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
              store: Any = None) -> list[JobOutcome]:
     """Run the jobs (in ``workers`` processes, or here when 1); their outcomes in job order.
 
-    Progress: one bar counting training steps (plus one unit per evaluation-only job), read from each
-    running job's metrics.jsonl, and a line per finished job with the time it took and the time left.
-    A run's own error is its outcome; anything else a job raises (a broken setup) is re-raised here.
-    ``store`` (a `job_store.JobStore`): each job's outcome is kept as it ends, and a job whose outcome the
-    store already holds (same key) is not run again: a killed bench resumes where it stopped.
+    Progress: one bar counting forecast seconds of work (training steps, games ended) from each running job's
+    files, and a line per finished job with its time and the time left. A run's own error is its outcome;
+    anything else a job raises (a broken setup) is re-raised here. ``store`` (a `job_store.JobStore`): each
+    job's outcome is kept as it ends, and a job whose outcome it holds (same key) is not run again.
     """
     from tqdm import tqdm
 
@@ -417,7 +416,7 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
     split_weight = {env: settings.train_eval_episodes if env == settings.env else settings.eval_episodes
                     for env in context.env_ids}
 
-    def work_done(i: int, progress: tuple[int, list[str]] | None = None) -> float:
+    def work_done(i: int, progress: tuple[int, dict[str, float]] | None = None) -> float:
         return job_work_done(forecast[i], units[i], split_weight, progress)
 
     outcomes: dict[int, JobOutcome] = {}
@@ -445,6 +444,8 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
             kept(i, outcome)
             store.save(jobs[i], outcome)
     todo = [i for i in range(len(jobs)) if i not in outcomes]
+    for path in (eval_progress_path(out / "jobs", jobs[i], env) for i in todo for env in context.env_ids):
+        path.unlink(missing_ok=True)  # a killed run's: that split starts over, and the bar must not count it meanwhile
     # the bar counts forecast seconds of work, so its percentage and time left follow the work (shown as both). It
     # starts at the work an earlier run did (finished jobs, and a resumed job's steps), so its rate counts only
     # this run's work: counted at the first poll, a resumed build's steps read as done in two seconds (a wild ETA)
