@@ -24,7 +24,8 @@ def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_ar
     mean the same thing. Other splits: the runner's evenly spaced subset, spread over task types.
     ``tasks`` (default: ``eval_task_ids`` of the first seed) chooses them explicitly; ``with_context`` shows
     each task's privileged context after the first observation, as a self-teacher sees it. ``progress_file``:
-    rewritten with ``done/total`` as each game ends (`jobs.eval_progress` reads it for the bench's bar).
+    rewritten with ``done/total`` as each game ends (`jobs.eval_progress` reads it for the bench's bar) and
+    removed when the split is played.
     """
     from agentgym_opd.playing import play_tasks
     from agentgym_opd.policy.base import SamplingParams
@@ -48,6 +49,8 @@ def evaluate_policy(policy: Any, env_id: str, settings: BenchSettings, *, env_ar
                           seed=settings.eval_seed, batch_size=min(len(tasks), settings.eval_batch or len(tasks)),
                           max_context_tokens=BENCH_CONTEXT_TOKENS, env_kwargs=overrides, contexts=contexts,
                           on_episode=_progress_writer(progress_file, len(tasks)))
+    if progress_file is not None:  # the split is played: its records and parts say the rest
+        progress_file.unlink(missing_ok=True)
     return episodes, time.perf_counter() - started
 
 
