@@ -56,6 +56,16 @@ def eval_progress_path(folder: Path, job: Any, part: str) -> Path:
     return part_path(folder, job, part).with_suffix(".progress")
 
 
+def read_eval_progress(folder: Path, job: Any, part: str) -> tuple[int, int] | None:
+    """(games ended, games) of a split being played, from its progress file; None when there is none or it was
+    caught mid-write."""
+    try:
+        done, total = eval_progress_path(folder, job, part).read_text(encoding="utf-8").split("/")
+        return int(done), int(total)
+    except (OSError, ValueError):
+        return None
+
+
 class JobStore:
     """Outcomes of finished jobs under ``<out>/jobs``, keyed by what they depend on."""
 

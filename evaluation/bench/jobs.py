@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from evaluation.bench.episodes import (eval_env_args, eval_task_ids, evaluate_every_seed, evaluate_policy,
                                        load_frozen_policy, make_env)
-from evaluation.bench.job_store import eval_progress_path, part_path
+from evaluation.bench.job_store import eval_progress_path, part_path, read_eval_progress
 from evaluation.bench.results import build_record
 from evaluation.bench.settings import BenchError, BenchSettings, resolved_curve_env
 from evaluation.bench.training import (_trainer, release_freed_memory, run_diagnostics, run_overrides, sft_checkpoint,
@@ -352,11 +352,8 @@ def _progress(job: Any, out: Path, env_ids: list[str]) -> tuple[int, dict[str, f
 
 def eval_progress(folder: Path, job: Any, env_id: str) -> float:
     """The share of a split's games a running evaluation has ended (`episodes.evaluate_policy`'s progress file)."""
-    try:
-        done, total = (float(x) for x in eval_progress_path(folder, job, env_id).read_text(encoding="utf-8").split("/"))
-        return min(1.0, done / total) if total > 0 else 0.0
-    except (OSError, ValueError):
-        return 0.0
+    games = read_eval_progress(folder, job, env_id)
+    return min(1.0, games[0] / games[1]) if games and games[1] > 0 else 0.0
 
 
 def _kept_progress(job: Any, out: Path, env_ids: list[str], store: Any) -> tuple[int, dict[str, float]]:

@@ -62,7 +62,7 @@ class BenchSettings:
     eval_episodes: int = 100  # per held-out split and seed (3 seeds: a 95% half-width <= 0.06 per cell)
     eval_seed: int = 0
     # games one evaluation plays side by side (an ended game's slot goes to the next); None: a split's games all at
-    # once. Memory grows with it (a SmolLM2 ALFWorld game ~33 MB), time hardly: the decode is bound by each row's cache
+    # once. Memory grows with it (a SmolLM2 ALFWorld game ~33 MB); what a smaller batch costs in time is not measured
     eval_batch: int | None = None
     warm_steps: int = 70
     warm_lr: float = 3e-3

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from evaluation.bench.job_store import eval_progress_path, job_file_stem, outcome_pairs, part_path
+from evaluation.bench.job_store import job_file_stem, outcome_pairs, part_path, read_eval_progress
 from evaluation.bench.jobs import RUN_KEY_FILE, RunJob, latest_checkpoint_step, run_dir_of
 from evaluation.bench.pipeline import plan_jobs
 from evaluation.bench.results import (format_paired, format_table, interval_cells, paired_comparisons,
@@ -33,10 +33,8 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 def _games(folder: Path, job: Any, env_id: str) -> str:
     """``done/total`` of a split a job is playing now (or was, when it was stopped), '' when none."""
-    try:
-        return eval_progress_path(folder, job, env_id).read_text(encoding="utf-8").strip()
-    except OSError:
-        return ""
+    games = read_eval_progress(folder, job, env_id)
+    return f"{games[0]}/{games[1]}" if games else ""
 
 
 def bench_status(settings: BenchSettings) -> str:
