@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from agentgym_opd.policy.base import SamplingParams
+from agentgym_opd.policy.batching import PREFILL_TOKEN_BUDGET, length_buckets
 from agentgym_opd.types import Episode
 
 LABELS: tuple[str, ...] = ("skip", "weak", "strong")
@@ -156,7 +157,9 @@ def error_first_verdicts(episodes: Sequence[Episode], default_label: str) -> Tur
     return TurnVerdicts(labels, sources, raw)
 
 
-SCORED_BATCH = 16  # judge prompts per scoring forward (each up to judge_max_prompt_tokens long)
+# padded tokens per scoring forward: judge prompts go in buckets of similar length (`length_buckets`), so a
+# short prompt is not padded to the longest of the batch
+SCORED_TOKEN_BUDGET = PREFILL_TOKEN_BUDGET
 
 
 def label_first_tokens(teacher: Any) -> list[int]:
@@ -174,15 +177,15 @@ def scored_labels(teacher: Any, prompts: Sequence[Sequence[int]]) -> list[tuple[
     token of its answer, and a line stating the three log-probs (kept as the judge's raw answer)."""
     firsts = label_first_tokens(teacher)
     support = torch.tensor([firsts], dtype=torch.long)  # [1 position, 3 labels]
-    out = []
-    for start in range(0, len(prompts), SCORED_BATCH):
-        chunk = prompts[start:start + SCORED_BATCH]
+    out: list[tuple[str, str] | None] = [None] * len(prompts)
+    for bucket in length_buckets([len(p) for p in prompts], SCORED_TOKEN_BUDGET):
+        chunk = [prompts[i] for i in bucket]
         scores = teacher.score(chunk, [[firsts[0]]] * len(chunk), support_ids=[support] * len(chunk))
-        for s in scores:
+        for i, s in zip(bucket, scores):
             logprobs = [float(x) for x in s.top_logprobs[0]]
-            best = max(range(len(LABELS)), key=lambda i: logprobs[i])
-            out.append((LABELS[best], "scored " + " ".join(f"{lab}={lp:.2f}" for lab, lp in zip(LABELS, logprobs))))
-    return out
+            best = max(range(len(LABELS)), key=lambda j: logprobs[j])
+            out[i] = (LABELS[best], "scored " + " ".join(f"{lab}={lp:.2f}" for lab, lp in zip(LABELS, logprobs)))
+    return out  # type: ignore[return-value]
 
 
 def judge_turns(teacher: Any, episodes: Sequence[Episode], config: Any) -> TurnVerdicts:

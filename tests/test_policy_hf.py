@@ -173,3 +173,36 @@ def test_a_right_padded_batch_runs_without_its_mask_and_gives_the_masked_numbers
     kept = final_hidden_states(model, ids, left)
     assert torch.equal(kept * left[..., None], model.get_decoder()(input_ids=ids, attention_mask=left,
                                                                    use_cache=False).last_hidden_state * left[..., None])
+
+
+def test_length_buckets_group_by_length_within_the_padded_token_budget():
+    from agentgym_opd.policy.batching import length_buckets
+
+    lengths = [100, 900, 120, 1000, 5000, 880]
+    buckets = length_buckets(lengths, 2000)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))  # every prompt exactly once
+    assert buckets[0] == [4]  # longer than the budget: alone
+    for bucket in buckets:
+        assert len(bucket) == 1 or len(bucket) * max(lengths[i] for i in bucket) <= 2000
+    assert [3, 1] in buckets and [5, 2] in buckets and [0] in buckets  # longest first, each filled before the next
+
+
+def test_bucketed_prefill_generates_what_one_batch_generates(policy, monkeypatch):
+    """Buckets change how prompts are batched, not what any row generates (greedy and seeded sampling)."""
+    import agentgym_opd.policy.hf as hf
+
+    texts = ["go to countertop 1", "Your task is to: put a clean mug in coffeemachine 1. " * 3, "open fridge 1",
+             "Your task is to: heat some egg and put it in garbagecan 1."]
+    prompts = [policy.apply_chat_template([{"role": "user", "content": t}]) for t in texts]
+    for params in (SamplingParams(max_new_tokens=12, temperature=0.0), SamplingParams(max_new_tokens=12, seed=5)):
+        monkeypatch.setattr(hf, "PREFILL_TOKEN_BUDGET", 10**9)  # one batch
+        together = policy.generate(prompts, params)
+        monkeypatch.setattr(hf, "PREFILL_TOKEN_BUDGET", 1)  # every prompt alone
+        calls = []
+        original = hf.KVSession.generate
+        monkeypatch.setattr(hf.KVSession, "generate", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+        alone = policy.generate(prompts, params)
+        monkeypatch.setattr(hf.KVSession, "generate", original)
+        assert len(calls) == len(prompts)
+        assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+        assert [g.text for g in together] == [g.text for g in alone]
