@@ -114,7 +114,9 @@ def test_claims_say_the_judge_was_not_tested_when_its_verdicts_were_unreadable()
     rows = check_claims(summary, unread, env_id="e")
     row = next(r for r in rows if r["method"] == "sage_opd" and r["measure"] == "success")
     assert row["verdict"] == "inconclusive at this power; judge not tested" and "95%" in row["judge"]
-    assert "judge not tested" in format_claims(rows)
+    table = format_claims(rows)
+    assert "| inconclusive at this power; judge not tested: 95% of the teacher's verdicts were unreadable" in table
+    assert table.count("judge not tested") == sum(r["method"] == "sage_opd" or r["baseline"] == "sage_opd" for r in rows)
     read = [{"algorithm": "sage_opd", "training": {"judge_defaulted_share": 0.05}}]
     row = next(r for r in check_claims(summary, read, env_id="e") if r["method"] == "sage_opd")
     assert row["verdict"] == "inconclusive at this power" and "judge" not in row

@@ -166,6 +166,10 @@ def format_claims(rows: Sequence[Mapping[str, Any]]) -> str:
             unit = " turns" if row["measure"] == "turns" else ""
             measured = f"{row['diff']:+.3f}{unit} [{row['low']:+.3f}, {row['high']:+.3f}] (n={row['n']})"
         paper = row["source"] + (f" (+{row['paper_gain']:.3f})" if row["paper_gain"] else "")
-        note = f" ({row['judge']})" if row.get("judge") else ""
-        lines.append(f"| {row['claim']} | {paper} | {measured} | {row['verdict']}{note} |")
+        verdict_text = row["verdict"]
+        if row.get("judge"):  # the reason once: "not reproduced; judge not tested: 100% of ..." (not the words twice)
+            reason = row["judge"].removeprefix("judge not tested: ")
+            verdict_text = (verdict_text.replace("; judge not tested", "") if "judge not tested" in verdict_text
+                            else verdict_text) + f"; judge not tested: {reason}"
+        lines.append(f"| {row['claim']} | {paper} | {measured} | {verdict_text} |")
     return "\n".join(lines)
