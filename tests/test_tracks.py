@@ -325,3 +325,14 @@ def test_a_killed_training_job_continues_from_its_checkpoint_and_keeps_its_finis
         return {(r["algorithm"], r["env_id"]): r["metrics"] for r in records}
 
     assert metrics("out") == metrics("straight") and len(metrics("out")) == 3
+
+
+def test_a_turns_claim_with_one_seed_per_method_says_it_needs_seeds_not_that_it_was_not_run():
+    metrics = lambda turns: {"mean_turns": {"mean": turns, "stderr": 0.5}}  # noqa: E731
+    summary = {"rows": [{"algorithm": a, "env_id": "e", "seeds": [0], "metrics": metrics(t)}
+                        for a, t in (("sage_opd", 14.0), ("opd", 15.0))]}
+    row = next(r for r in check_claims(summary, [], env_id="e") if r["measure"] == "turns")
+    assert row["verdict"] == "needs 2+ seeds"
+    assert "| one seed per method: no interval | needs 2+ seeds |" in format_claims([row])
+    summary["rows"] = summary["rows"][:1]  # OPD did not run
+    assert next(r for r in check_claims(summary, [], env_id="e") if r["measure"] == "turns")["verdict"] == "missing"

@@ -112,11 +112,14 @@ def check_claims(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]
     bench did not run both methods)."""
     rows = []
     for claim in CLAIMS:
+        one_seed = False
         if claim.measure == "success":
             got = _paired(summary, claim, env_id)
         elif claim.measure == "turns":  # fewer turns is the claim: method - baseline is reported as baseline - method
-            got = _independent(_row_metric(summary, claim.method, env_id, "mean_turns"),
-                               _row_metric(summary, claim.baseline, env_id, "mean_turns"), sign=-1.0)
+            pair = (_row_metric(summary, claim.method, env_id, "mean_turns"),
+                    _row_metric(summary, claim.baseline, env_id, "mean_turns"))
+            got = _independent(*pair, sign=-1.0)
+            one_seed = got is None and None not in pair
         else:
             budget = _budget(summary.get("settings") or {}) or _budget_of(records)
             early = curve_success(records, claim.method, claim.budget_fraction * budget if budget else None)
@@ -126,7 +129,9 @@ def check_claims(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]
         untested = judge_not_tested(records) if "sage_opd" in (claim.method, claim.baseline) else None
         if untested:
             row["judge"] = untested
-        if got is None:
+        if got is None and one_seed:  # both ran; the interval is across seeds
+            rows.append({**row, "verdict": "needs 2+ seeds"})
+        elif got is None:
             rows.append({**row, "verdict": "missing"})
         else:
             said = verdict(got["low"], got["high"], claim.paper_gain)
@@ -162,6 +167,8 @@ def format_claims(rows: Sequence[Mapping[str, Any]]) -> str:
     for row in rows:
         if row["verdict"] == "missing":
             measured = "not run"
+        elif row["verdict"] == "needs 2+ seeds":
+            measured = "one seed per method: no interval"
         else:
             unit = " turns" if row["measure"] == "turns" else ""
             measured = f"{row['diff']:+.3f}{unit} [{row['low']:+.3f}, {row['high']:+.3f}] (n={row['n']})"
