@@ -31,11 +31,13 @@ def test_slab_layer_holds_what_dynamic_layer_holds_through_growth_selection_and_
     assert all(torch.equal(a, b) for a, b in zip(got, want)) and slab.get_seq_length() == 369
 
 
-def _gqa_model() -> LlamaForCausalLM:
+def _gqa_model(initializer_range: float = 0.02) -> LlamaForCausalLM:
+    """A 2-layer GQA Llama. At the default init its attention barely moves the logits; a test of what a row
+    attends to takes ``initializer_range=0.3``, where a wrong key changes the sampled tokens."""
     torch.manual_seed(1)
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         attn_implementation="sdpa")
+                         attn_implementation="sdpa", initializer_range=initializer_range)
     return LlamaForCausalLM(config).eval()
 
 
@@ -101,6 +103,50 @@ def test_released_rows_leave_no_columns_behind_and_the_others_sample_as_before()
     want = policy.generate([short_seq, joined], params, seeds=[5, 6])
     for g, w in zip(got, want):
         assert g.token_ids == w.token_ids and max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs)) < 1e-4
+
+
+def test_a_compacted_session_drops_its_holes_and_samples_as_before():
+    """Rows fed very different amounts each turn (one sits a turn out) leave holes; the session compacts its
+    cache and every row still samples what a fresh forward over its whole sequence samples, including a row
+    asked again with nothing new (its last id un-fed and fed again after the slots moved)."""
+    from transformers import AutoTokenizer
+
+    import agentgym_opd.policy.hf as hf
+
+    policy = HFPolicy(_gqa_model(initializer_range=0.3), AutoTokenizer.from_pretrained(default_tiny_model()))
+    policy.stop_token_ids = []
+    session = policy.session()
+    params = SamplingParams(max_new_tokens=6, temperature=1.0)
+    seqs = {"a": [3, 4, 5] * 20, "b": [9, 10], "c": [6, 7] * 5}
+    compacted, columns_fed = 0, 0
+    original = hf.KVSession._compact
+
+    def counting(self):
+        nonlocal compacted
+        before = self.mask.shape[1]
+        original(self)
+        compacted += self.mask.shape[1] < before
+
+    hf.KVSession._compact = counting
+    try:
+        for turn in range(5):
+            keys = ["a", "b", "c"] if turn != 2 else ["a", "c"]  # b sits turn 2 out: a hole column per position
+            seeds = [turn * 10 + i for i in range(len(keys))]
+            width_before = session.mask.shape[1]
+            got = session.generate(keys, [seqs[k] for k in keys], params, seeds=seeds)
+            columns_fed += session.mask.shape[1] - width_before
+            want = policy.generate([seqs[k] for k in keys], params, seeds=seeds)
+            for key, g, w in zip(keys, got, want):
+                assert g.token_ids == w.token_ids and max(abs(x - y) for x, y in zip(g.logprobs, w.logprobs)) < 1e-4
+                long_one = "a" if turn % 2 == 0 else "c"  # the longest observation moves between rows, as in a game
+                seqs[key] = seqs[key] + g.token_ids + ([1, 2] * 15 if key == long_one else [5])
+        again = session.generate(["b"], [seqs["b"]], params, seeds=[99])  # nothing new since its last call
+        assert again[0].token_ids == policy.generate([seqs["b"]], params, seeds=[99])[0].token_ids
+    finally:
+        hf.KVSession._compact = original
+    assert compacted >= 1
+    assert session.mask.shape[1] < columns_fed  # holes were dropped along the way
+    assert session.cache.get_seq_length() == session.mask.shape[1]
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "bool", "bool per head", "additive"])
