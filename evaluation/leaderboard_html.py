@@ -359,9 +359,18 @@ def episode_page(row: "Row", rid: str, traces: list[dict[str, Any]]) -> str:
     else:
         body.append('<p class="note">This method has no teacher: tokens are shown without a divergence.</p>')
     body += _judge_note(row.training.get(rid, {}), traces)
+    seed = row.seeds[row.record_ids.index(rid)] if rid in row.record_ids and len(row.seeds) == len(row.record_ids) else None
     for n, ep in enumerate(traces):
         verdict = "success" if ep["success"] else "failure"
         body.append(f'<h2 class="episode">Episode {n + 1}: task {escape(ep["task_id"])} ({verdict}, score {ep["score"]:.2f})</h2>')
+        counted = row.outcomes.get((seed, ep["task_id"])) if seed is not None else None
+        if counted is not None and (float(counted) >= 1.0) != bool(ep["success"]):
+            # a kept episode is replayed for the page; greedy decoding can take another token where the replay's
+            # batch or code revision rounds differently (bf16), so say when it did not end as the evaluation did
+            body.append(f'<p class="warn">This replay ended in {verdict}; the evaluation the record counts ended this '
+                        f'game in {"success" if float(counted) >= 1.0 else "failure"}. Same weights, greedy both times: '
+                        "the replay took another token somewhere (bf16 rounding differs with the batch and the code "
+                        "revision). The record's numbers come from the evaluation.</p>")
         if ep.get("first_prompt"):
             body.append(f'<details open><summary>First prompt (what the agent saw first)</summary>'
                         f'<pre class="prompt">{escape(ep["first_prompt"])}</pre></details>')

@@ -241,3 +241,11 @@ def test_page_screenshot_shows_tracks_rank_groups_and_paired_columns(board, tmp_
     keep(shot)
     image, px = pixels(shot)
     assert count(image, px, lambda p: sum(p) < 200, (0, 150, WIDTH, 600)) > 1000  # the table's text is drawn
+
+
+def test_an_episode_page_says_when_its_replay_ended_unlike_the_counted_evaluation(tmp_path):
+    replay = trace(labels=("weak", "strong"))  # task t1, a failure in the replay
+    html = episode_html(tmp_path / "a", [replay], outcomes={"t1": 1.0})
+    assert "This replay ended in failure; the evaluation the record counts ended this game in success" in html
+    same = episode_html(tmp_path / "b", [replay], outcomes={"t1": 0.0})
+    assert "This replay ended" not in same
