@@ -105,10 +105,11 @@ def test_released_rows_leave_no_columns_behind_and_the_others_sample_as_before()
         assert g.token_ids == w.token_ids and max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs)) < 1e-4
 
 
-def test_a_compacted_session_drops_its_holes_and_samples_as_before():
-    """Rows fed very different amounts each turn (one sits a turn out) leave holes; the session compacts its
-    cache and every row still samples what a fresh forward over its whole sequence samples, including a row
-    asked again with nothing new (its last id un-fed and fed again after the slots moved)."""
+def test_a_compacted_session_with_grouped_prefill_samples_as_before():
+    """Rows fed very different amounts each turn (one sits a turn out) are prefilled in groups on copies of their
+    cache and leave holes; the session compacts its cache, and every row still samples what a fresh forward over
+    its whole sequence samples, including a row asked again with nothing new (its last id un-fed and fed again
+    after the slots moved)."""
     from transformers import AutoTokenizer
 
     import agentgym_opd.policy.hf as hf
@@ -118,23 +119,24 @@ def test_a_compacted_session_drops_its_holes_and_samples_as_before():
     session = policy.session()
     params = SamplingParams(max_new_tokens=6, temperature=1.0)
     seqs = {"a": [3, 4, 5] * 20, "b": [9, 10], "c": [6, 7] * 5}
-    compacted, columns_fed = 0, 0
-    original = hf.KVSession._compact
+    removed, grouped = [], []
+    compact, row_cache = hf.KVSession._compact, hf.KVSession._row_cache
 
-    def counting(self):
-        nonlocal compacted
+    def counting_compact(self):
         before = self.mask.shape[1]
-        original(self)
-        compacted += self.mask.shape[1] < before
+        compact(self)
+        removed.append(before - self.mask.shape[1])
 
-    hf.KVSession._compact = counting
+    def counting_row_cache(self, index):
+        grouped.append(len(index))
+        return row_cache(self, index)
+
+    hf.KVSession._compact, hf.KVSession._row_cache = counting_compact, counting_row_cache
     try:
         for turn in range(5):
             keys = ["a", "b", "c"] if turn != 2 else ["a", "c"]  # b sits turn 2 out: a hole column per position
             seeds = [turn * 10 + i for i in range(len(keys))]
-            width_before = session.mask.shape[1]
             got = session.generate(keys, [seqs[k] for k in keys], params, seeds=seeds)
-            columns_fed += session.mask.shape[1] - width_before
             want = policy.generate([seqs[k] for k in keys], params, seeds=seeds)
             for key, g, w in zip(keys, got, want):
                 assert g.token_ids == w.token_ids and max(abs(x - y) for x, y in zip(g.logprobs, w.logprobs)) < 1e-4
@@ -143,9 +145,9 @@ def test_a_compacted_session_drops_its_holes_and_samples_as_before():
         again = session.generate(["b"], [seqs["b"]], params, seeds=[99])  # nothing new since its last call
         assert again[0].token_ids == policy.generate([seqs["b"]], params, seeds=[99])[0].token_ids
     finally:
-        hf.KVSession._compact = original
-    assert compacted >= 1
-    assert session.mask.shape[1] < columns_fed  # holes were dropped along the way
+        hf.KVSession._compact, hf.KVSession._row_cache = compact, row_cache
+    assert sum(removed) > 0  # holes were dropped
+    assert grouped and max(grouped) < 3  # some calls prefilled groups of rows, not the whole batch
     assert session.cache.get_seq_length() == session.mask.shape[1]
 
 

@@ -206,3 +206,13 @@ def test_bucketed_prefill_generates_what_one_batch_generates(policy, monkeypatch
         assert len(calls) == len(prompts)
         assert [g.token_ids for g in together] == [g.token_ids for g in alone]
         assert [g.text for g in together] == [g.text for g in alone]
+
+
+def test_prefill_groups_keep_one_chunk_when_padding_is_small_and_split_by_length_otherwise():
+    from agentgym_opd.policy.batching import prefill_groups
+
+    assert prefill_groups([30, 31, 29]) == [[0, 1, 2]]  # at most a quarter padding: one chunk, no cache copies
+    groups = prefill_groups([100, 10, 12, 60, 5])
+    assert sorted(i for g in groups for i in g) == [0, 1, 2, 3, 4]
+    assert groups == [[0, 3], [2, 1], [4]]  # longest first; a row joins while at least half the group's longest
+    assert prefill_groups([]) == []

@@ -26,3 +26,27 @@ def length_buckets(lengths: Sequence[int], token_budget: int) -> list[list[int]]
         else:
             buckets.append([i])
     return buckets
+
+
+PREFILL_GROUP_RATIO = 0.5
+"""A session's rows join one prefill group while their new text is at least this share of the group's longest."""
+
+
+def prefill_groups(lengths: Sequence[int], ratio: float = PREFILL_GROUP_RATIO) -> list[list[int]]:
+    """Indices of a session call's rows (their new ids' ``lengths``) grouped for prefill: one group when padding
+    all to the longest wastes at most a quarter of the chunk, else longest first, a row joining the current group
+    while its length is at least ``ratio`` of the group's longest. `KVSession` prefills each group on a copy of its
+    rows' cache; the copy costs memory traffic, so the whole batch stays one chunk when padding is small."""
+    if not lengths:
+        return []
+    longest, real = max(lengths), sum(lengths)
+    if longest * len(lengths) <= 1.25 * real:
+        return [list(range(len(lengths)))]
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and lengths[i] >= ratio * lengths[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
