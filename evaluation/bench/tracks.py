@@ -61,12 +61,11 @@ SMOLLM2_ALFWORLD = Track(
                   eval_episodes=140, eval_batch=64, train_eval_episodes=8, curve_episodes=16, max_turns=20,
                   max_new_tokens=24, threads=1, resume=True, output_dir="runs/bench-smollm2-alfworld"),
     default_algos=("sft", "opd", "sage_opd", "opsd", "grpo"),
-    # fitted to the first track (one core each, the other core busy): evaluation 6.7-24.5 s an episode (time
-    # follows turns: the plan-given warm start plays 6 turns, the warm start 16.5; a method starts where the warm
-    # start is), on the fused bf16 attention, which the decode path of `kv_cache.decode_attention` now runs in
-    # 1/1.67 of the CPU time: ~11 s; a rollout episode with its share of the update 47 s for OPD (2,981 s for 64),
-    # 22 s for SFT, less ~15% for the faster decode: ~40 s
-    episode_seconds=(11.0, 40.0),
+    # evaluation: the warm start (the row that plays longest, 16.6 turns a game) on all 134 valid_unseen games at
+    # `c5b5ad7` took 891 CPU s, 6.6 s a game (one thread, the other core idle); the first track (`6a39070`, before
+    # the TextWorld memos, grouped prefill and the decode path) took 19-24 s. A rollout episode with its share of
+    # the update: 47 s for OPD and 22 s for SFT at `6a39070`; not measured since, kept at ~40 s
+    episode_seconds=(6.6, 40.0),
     env_args=alfworld_env_args,
     overrides=("model.autocast=bfloat16", "model.max_seq_len=2048", "train.micro_batch_size=2"),
 )
