@@ -106,6 +106,7 @@ def memoised_pddl2sas(translate: Callable[..., Any], cache_dir: Path | None = No
         return _loads(blob)
 
     wrapper.__wrapped_translate__ = translate  # type: ignore[attr-defined]
+    wrapper.cache_clear = kept.clear  # type: ignore[attr-defined]  # forget the in-memory copies (the disk stays)
     return wrapper
 
 
