@@ -359,11 +359,11 @@ def episode_page(row: "Row", rid: str, traces: list[dict[str, Any]]) -> str:
     else:
         body.append('<p class="note">This method has no teacher: tokens are shown without a divergence.</p>')
     body += _judge_note(row.training.get(rid, {}), traces)
-    seed = row.seeds[row.record_ids.index(rid)] if rid in row.record_ids and len(row.seeds) == len(row.record_ids) else None
+    seed = dict(zip(row.record_ids, row.seeds)).get(rid)  # built together, one seed per record
     for n, ep in enumerate(traces):
         verdict = "success" if ep["success"] else "failure"
         body.append(f'<h2 class="episode">Episode {n + 1}: task {escape(ep["task_id"])} ({verdict}, score {ep["score"]:.2f})</h2>')
-        counted = row.outcomes.get((seed, ep["task_id"])) if seed is not None else None
+        counted = row.outcomes.get((seed, ep["task_id"]))
         if counted is not None and (float(counted) >= 1.0) != bool(ep["success"]):
             # a kept episode is replayed for the page; greedy decoding can take another token where the replay's
             # batch or code revision rounds differently (bf16), so say when it did not end as the evaluation did

@@ -7,7 +7,7 @@ similar length, each within a padded-token budget, avoid both (`HFPolicy.generat
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 PREFILL_TOKEN_BUDGET = 8192
 """Padded prompt tokens one bucket's prefill may hold (rows x its longest prompt): 8 prompts of 1,000 tokens.
@@ -18,14 +18,19 @@ of a bucket pays for the bucket's longest prompt."""
 def length_buckets(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     """Indices of ``lengths`` grouped longest first into buckets of at most ``token_budget`` padded tokens
     (a bucket's row count times its longest length); a prompt longer than the budget is a bucket alone."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    buckets: list[list[int]] = []
-    for i in order:
-        if buckets and (len(buckets[-1]) + 1) * lengths[buckets[-1][0]] <= token_budget:
-            buckets[-1].append(i)
+    return _longest_first(lengths, lambda bucket, i: (len(bucket) + 1) * lengths[bucket[0]] <= token_budget)
+
+
+def _longest_first(lengths: Sequence[int], joins: Callable[[list[int], int], bool]) -> list[list[int]]:
+    """Indices of ``lengths`` taken longest first (ties in index order), each joining the current group when
+    ``joins(group, index)`` (the group's first index is its longest), else starting the next one."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        if groups and joins(groups[-1], i):
+            groups[-1].append(i)
         else:
-            buckets.append([i])
-    return buckets
+            groups.append([i])
+    return groups
 
 
 PREFILL_GROUP_RATIO = 0.5
@@ -42,11 +47,4 @@ def prefill_groups(lengths: Sequence[int], ratio: float = PREFILL_GROUP_RATIO) -
     longest, real = max(lengths), sum(lengths)
     if longest * len(lengths) <= 1.25 * real:
         return [list(range(len(lengths)))]
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and lengths[i] >= ratio * lengths[groups[-1][0]]:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
+    return _longest_first(lengths, lambda group, i: lengths[i] >= ratio * lengths[group[0]])

@@ -162,9 +162,9 @@ class HFPolicy:
 
         Independent prompts of different lengths are prefilled in buckets of similar length
         (:func:`length_buckets`), not as one left-padded batch: one batch pads every prompt to the longest and
-        attends over a ``[rows, L, L]`` mask, which for SAGE-OPD's judge (dozens of 500-1,500-token prompts) cost
-        1.7x the CPU time of buckets and grew its memory with the number of prompts. Each row keeps its own
-        seed, so a sampled row does not depend on which bucket it lands in."""
+        attends over a ``[rows, L, L]`` mask, so SAGE-OPD's judge (dozens of 500-1,500-token prompts) paid for
+        the padding and grew its memory with the number of prompts (docs/speed.md has the measurement). Each
+        row keeps its own seed, so a sampled row does not depend on which bucket it lands in."""
         if not prompts:
             return []
         if seeds is not None and len(seeds) != len(prompts):
@@ -494,13 +494,10 @@ class KVSession:
     not (a short observation padded to the longest, a row that stopped early or sat the call out), and a decode
     step reads every column of every row. So before a call, when the longest row needs at most
     :data:`COMPACT_BELOW` of the columns, the cache is compacted (`_compact`): each row's real slots move, in
-    order, to the right end. And when the rows' new ids differ much in length, the rows are prefilled in
-    groups of similar length (:func:`~agentgym_opd.policy.batching.prefill_groups`), each on a copy of its rows'
-    cache, rather than all padded to the longest: on 24 ALFWorld games the prefilled tokens went from 42,078 to
-    23,339 and the evaluation's CPU time from 163 s to 118 s, same outcomes. On the real-LM track's evaluation (SmolLM2, 40 ALFWorld games side by side, 20
-    turns, bf16, one thread) the widest cache went from 2,497 to 1,993 columns and the CPU time from 411 s to
-    380 s, with the same outcome and turns in every game: the cache is as wide as its longest row, and the
-    longest row is near the 2,048-token context budget.
+    order, to the right end. And when the rows' new ids differ much in length (one observation lists a
+    receptacle's objects, another says "Nothing happens."), the rows are prefilled in groups of similar length
+    (:func:`~agentgym_opd.policy.batching.prefill_groups`), each on a copy of its rows' cache, rather than all
+    padded to the longest. docs/speed.md ("The real-LM track's evaluation") has what each saves.
     """
 
     def __init__(self, policy: HFPolicy):
@@ -685,14 +682,11 @@ class KVSession:
         chunk_end: dict[int, int] = {}  # row -> cache slot of its last new id
         for group in groups:
             group_rows = [rows[i] for i in group]
-            if len(groups) == 1:
-                out = self._prefill(list(range(batch)), {r: new_ids[i] for r, i in zip(group_rows, group)}, pad)
-                logits = out
-            else:
-                part = self._prefill(group_rows, {r: new_ids[i] for r, i in zip(group_rows, group)}, pad)
-                if logits is None:
-                    logits = part.new_zeros((batch, part.shape[-1]))
-                logits[group_rows] = part
+            chunk_rows = list(range(batch)) if len(groups) == 1 else group_rows  # one group: the whole batch
+            part = self._prefill(chunk_rows, {r: new_ids[i] for r, i in zip(group_rows, group)}, pad)
+            if logits is None:
+                logits = part.new_zeros((batch, part.shape[-1]))
+            logits[chunk_rows] = part
             chunk_end.update({r: self.mask.shape[1] - 1 for r in group_rows})
         assert logits is not None
         requested = torch.zeros(batch, dtype=torch.bool)

@@ -176,7 +176,6 @@ def format_claims(rows: Sequence[Mapping[str, Any]]) -> str:
         verdict_text = row["verdict"]
         if row.get("judge"):  # the reason once: "not reproduced; judge not tested: 100% of ..." (not the words twice)
             reason = row["judge"].removeprefix("judge not tested: ")
-            verdict_text = (verdict_text.replace("; judge not tested", "") if "judge not tested" in verdict_text
-                            else verdict_text) + f"; judge not tested: {reason}"
+            verdict_text = f"{verdict_text.removesuffix('; judge not tested')}; judge not tested: {reason}"
         lines.append(f"| {row['claim']} | {paper} | {measured} | {verdict_text} |")
     return "\n".join(lines)
