@@ -31,6 +31,28 @@ def test_slab_layer_holds_what_dynamic_layer_holds_through_growth_selection_and_
     assert all(torch.equal(a, b) for a, b in zip(got, want)) and slab.get_seq_length() == 369
 
 
+
+def test_slab_values_lend_decode_attention_their_zero_tailed_buffer_until_a_tensor_is_assigned():
+    """A decode step's values are a view into the slab; `bmm` copies such a view whole (its rows are not
+    contiguous), so the layer lends `decode_attention` the buffer itself, whose slots past the view are zero. An
+    assigned tensor (a crop keeps a view of the old buffer, stale slots included) lends nothing."""
+    from agentgym_opd.policy.kv_cache import SLAB_BUFFER, decode_attention
+
+    torch.manual_seed(0)
+    slab = SlabLayer()
+    keys, values = slab.update(torch.randn(2, 3, 40, 8), torch.randn(2, 3, 40, 8))
+    buffer = getattr(values, SLAB_BUFFER)
+    assert buffer.shape[2] > 40 and buffer.is_contiguous() and not buffer[:, :, 40:].any()
+    assert torch.equal(buffer[:, :, :40], values)
+    q = torch.randn(2, 9, 1, 8)
+    lent = decode_attention(q, keys, values, None)
+    plain = decode_attention(q, keys, values.clone(), None)
+    torch.testing.assert_close(lent, plain, rtol=1e-6, atol=1e-6)
+    slab.crop(30)
+    _, values = slab.update(torch.randn(2, 3, 1, 8), torch.randn(2, 3, 1, 8))
+    assert getattr(values, SLAB_BUFFER, None) is None or not getattr(values, SLAB_BUFFER)[:, :, 31:].any()
+
+
 def _gqa_model(initializer_range: float = 0.02) -> LlamaForCausalLM:
     """A 2-layer GQA Llama. At the default init its attention barely moves the logits; a test of what a row
     attends to takes ``initializer_range=0.3``, where a wrong key changes the sampled tokens."""

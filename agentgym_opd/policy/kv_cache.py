@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover - depends on the installed Transformers
     DynamicLayer = None  # type: ignore[assignment,misc]
 
 GQA_SDPA = "gqa_sdpa"
+SLAB_BUFFER = "slab_buffer"  # attribute of a `SlabLayer.update` values view: its whole buffer, zero past the view
 
 
 class SlabLayer(DynamicLayer or object):  # type: ignore[misc]
@@ -44,6 +45,7 @@ class SlabLayer(DynamicLayer or object):  # type: ignore[misc]
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
         self._nk = self._nv = 0  # filled positions (kept apart: inherited code assigns keys, then values)
+        self._v_tail_zero = False
         super().__init__(*args, **kwargs)
 
     # `DynamicLayer`'s own methods assign whole tensors (reset, crop, batch selection): accept them as the new
@@ -65,6 +67,7 @@ class SlabLayer(DynamicLayer or object):  # type: ignore[misc]
     def values(self, value: torch.Tensor | None) -> None:
         self._v = value
         self._nv = value.shape[-2] if value is not None and value.dim() == 4 else 0
+        self._v_tail_zero = False  # an assigned tensor (a crop's view, say) may hold anything past the filled part
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         if not self.is_initialized:
@@ -77,18 +80,22 @@ class SlabLayer(DynamicLayer or object):  # type: ignore[misc]
         self._k[:, :, n:n + t] = key_states  # type: ignore[index]
         self._v[:, :, n:n + t] = value_states  # type: ignore[index]
         self._nk = self._nv = n + t
-        return self.keys, self.values
+        values = self.values
+        if self._v_tail_zero and values is not None:
+            setattr(values, SLAB_BUFFER, self._v)  # `decode_attention` reads the whole buffer: no copy
+        return self.keys, values
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
         capacity = needed + max(64, needed // 8)
         b, h, _, d = key_states.shape
         k = key_states.new_empty((b, h, capacity, d))
-        v = value_states.new_empty((b, h, capacity, value_states.shape[-1]))
+        v = value_states.new_zeros((b, h, capacity, value_states.shape[-1]))
         n = self._nk
         if self._k is not None and self._k.dim() == 4 and n:
             k[:, :, :n] = self._k[:, :, :n]
             v[:, :, :n] = self._v[:, :, :n]  # type: ignore[index]
         self._k, self._v = k, v
+        self._v_tail_zero = True  # appends fill it in order, so every slot past the filled part stays zero
 
 
 def slab_cache() -> DynamicCache:
@@ -136,6 +143,9 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         mask = mask.reshape(b, 1, 1, length) if mask.shape[1] == 1 else mask.reshape(b, kv_heads, groups, length)
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
     weights = torch.softmax(scores, dim=-1).to(value.dtype)
+    whole = getattr(value, SLAB_BUFFER, None)
+    if whole is not None and whole.shape[2] > length:  # zero weights on the buffer's zero tail
+        weights, value = torch.nn.functional.pad(weights, (0, whole.shape[2] - length)), whole
     return torch.matmul(weights, value).reshape(b, 1, heads, d)
 
 
