@@ -120,24 +120,31 @@ def sequence_logprobs(model: Any, batch: RolloutBatch, rows: Sequence[int] | sli
     ``temperature``: of ``softmax(logits / temperature)``; an importance ratio against the behaviour
     log-probs passes ``batch.logprob_temperature``."""
     ids, attention, mask = micro_batch(model, batch, rows)
-    return token_logprobs_of(model, ids, attention, temperature=temperature), mask
+    return token_logprobs_of(model, ids, attention, temperature=temperature, positions=mask > 0), mask
 
 
 def token_logprobs_of(model: Any, ids: torch.Tensor, attention: torch.Tensor, chunk: int | None = None,
-                      temperature: float = 1.0) -> torch.Tensor:
+                      temperature: float = 1.0, positions: torch.Tensor | None = None) -> torch.Tensor:
     """``[b, W-1]``: log-prob of ``ids[:, t+1]`` given ``ids[:, :t+1]`` under ``softmax(logits / temperature)``,
     differentiable. The body runs once and the output head a chunk of positions at a time (also in the
     backward), so the only vocabulary-sized tensor is one chunk's (``chunk`` positions; default from the
     vocabulary's size); a model whose hidden states cannot be reached
-    (:func:`agentgym_opd.policy.hf.can_chunk`) takes its full forward instead."""
+    (:func:`agentgym_opd.policy.hf.can_chunk`) takes its full forward instead. ``positions`` ``[b, W-1]``: only
+    these go through the head (packed into one row; zeros elsewhere), as in
+    :func:`agentgym_opd.distill.chunked_distillation_terms`."""
     from agentgym_opd.losses import token_logprobs
     from agentgym_opd.policy.hf import can_chunk, chunked_token_scores, final_hidden_states
 
     if not can_chunk(model):
         logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()[:, :-1]
         return token_logprobs(logits if temperature == 1.0 else logits / temperature, ids[:, 1:])
-    hidden = final_hidden_states(model, ids, attention)[:, :-1]
-    return chunked_token_scores(model, hidden, ids[:, 1:], chunk=chunk, temperature=temperature).logprobs
+    hidden, targets = final_hidden_states(model, ids, attention)[:, :-1], ids[:, 1:]
+    where = None if positions is None else positions.bool().nonzero(as_tuple=True)
+    if where is None or not len(where[0]):
+        return chunked_token_scores(model, hidden, targets, chunk=chunk, temperature=temperature).logprobs
+    packed = chunked_token_scores(model, hidden[where][None], targets[where][None], chunk=chunk,
+                                  temperature=temperature).logprobs
+    return packed.new_zeros(targets.shape).index_put(where, packed[0])
 
 
 def agent_mask(batch: RolloutBatch) -> torch.Tensor:

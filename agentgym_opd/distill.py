@@ -290,7 +290,7 @@ def tempered_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: 
 
 def chunked_distillation_terms(student_model: Any, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor,
                                teacher: AlignedTeacher, config: DistillConfig, chunk: int | None = None,
-                               logp_temperature: float = 1.0) -> DistillTerms:
+                               logp_temperature: float = 1.0, positions: torch.Tensor | None = None) -> DistillTerms:
     """:func:`distillation_per_token` and the exact KL, computed a chunk of positions at a time.
 
     The student's body runs once (with gradient); then, per chunk, both final norms' outputs go through
@@ -299,11 +299,23 @@ def chunked_distillation_terms(student_model: Any, ids: torch.Tensor, attention:
     vocabulary-sized tensors exist at any time, in the forward and (the chunk is recomputed during
     backward, see :func:`agentgym_opd.policy.hf.chunked_over_positions`) in the backward too. ``ids``/``attention`` ``[b, W]``,
     ``mask`` ``[b, W - 1]`` (already zero on masked rows).
+
+    ``positions`` ``[b, W - 1]`` (the agent tokens; default: every position): only these positions go through
+    the heads, packed into one row, and every output is zero elsewhere. A multi-turn episode is mostly
+    observations and prompts, and per position the two heads (with the student's recomputed in the backward
+    pass) are a large share of an update's arithmetic (docs/speed.md).
     """
     hidden = final_hidden_states(student_model, ids, attention)[:, :-1]
     targets = ids[:, 1:]
+    full_mask = mask
+    where = None if positions is None else positions.bool().nonzero(as_tuple=True)
+    if where is not None and len(where[0]):  # pack the chosen positions into one row
+        hidden, targets, mask = hidden[where][None], targets[where][None], mask[where][None]
+        teacher = AlignedTeacher(teacher.hidden[where][None], teacher.network)
+    else:
+        where = None
     vocab = output_head(student_model).weight.shape[0]
-    step = chunk or chunk_positions(ids.shape[0], vocab)
+    step = chunk or chunk_positions(hidden.shape[0], vocab)
 
     def one_chunk(h: torch.Tensor, start: int, end: int):
         student_logits = output_logits(student_model, h)
@@ -313,8 +325,12 @@ def chunked_distillation_terms(student_model: Any, ids: torch.Tensor, attention:
         kl = reverse_kl_per_token(student_logits, teacher_logits, m)
         return per_token, kl, tempered_logprobs(student_logits, target, logp_temperature)
 
-    per_token, kl, student_logp = chunked_over_positions(student_model, hidden, one_chunk, step)
-    return DistillTerms(per_token, mask, kl.detach(), student_logp)
+    outputs = chunked_over_positions(student_model, hidden, one_chunk, step)
+    if where is not None:  # back to [b, W - 1], zeros at the positions left out
+        shape = positions.shape  # type: ignore[union-attr]
+        outputs = tuple(out.new_zeros(shape).index_put(where, out[0]) for out in outputs)
+    per_token, kl, student_logp = outputs
+    return DistillTerms(per_token, full_mask, kl.detach(), student_logp)
 
 
 def scored_distillation_terms(student_model: Any, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor,
@@ -540,11 +556,12 @@ class DistillationAlgorithm(Algorithm):
             if scorer is not None:
                 logp, topm = aligned_teacher_scores(scorer, inputs, width,
                                                     self.config.top_m if self.config.estimator != "sampled" else 0)
+        agent = mask > 0  # the positions any loss term reads
         mask = mask * self.kept_rows(state)[rows].to(mask.device)[:, None]
         temperature = batch.logprob_temperature
         if teacher is not None:
             return chunked_distillation_terms(self.model, ids, attention, mask, teacher, self.config,
-                                              logp_temperature=temperature)
+                                              logp_temperature=temperature, positions=agent)
         if scorer is None:
             return None
         return scored_distillation_terms(self.model, ids, attention, mask, logp, topm, self.config,

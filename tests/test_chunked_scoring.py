@@ -65,18 +65,25 @@ def test_chunked_terms_and_gradient_equal_the_full_logit_computation(rollout, te
     full_grads = [p.grad.clone() for p in policy.model.parameters()]
     full_kl = reverse_kl_per_token(student_logits, teacher_logits, mask)
 
-    policy.model.zero_grad()
-    terms = chunked_distillation_terms(policy.model, ids, attention, mask,
-                                       aligned_teacher_hidden(teacher.model, inputs, width), config, chunk=7)
-    terms.per_token.sum().backward()
-    torch.testing.assert_close(terms.per_token, full.detach(), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(terms.kl, full_kl, atol=1e-5, rtol=1e-5)
-    # padding positions' log-probs are never used (the loss mask zeroes them) and differ by design: the update
-    # runs a right-padded batch without its attention mask (final_hidden_states), the full forward with it
     real = mask.bool()
-    torch.testing.assert_close(terms.student_logp[real], student_logp.detach()[real], atol=1e-5, rtol=0)
-    for a, b in zip((p.grad for p in policy.model.parameters()), full_grads):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert 0 < int(real.sum()) < real.numel()  # the agent's tokens are some of the positions, not all
+    # every position through the heads, or only the agent's (packed into one row, zeros elsewhere)
+    for positions in (None, real):
+        policy.model.zero_grad()
+        terms = chunked_distillation_terms(policy.model, ids, attention, mask,
+                                           aligned_teacher_hidden(teacher.model, inputs, width), config, chunk=7,
+                                           positions=positions)
+        terms.per_token.sum().backward()
+        torch.testing.assert_close(terms.per_token, full.detach(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(terms.kl, full_kl, atol=1e-5, rtol=1e-5)
+        assert torch.equal(terms.mask, mask)
+        # padding positions' log-probs are never used (the loss mask zeroes them) and differ by design: the update
+        # runs a right-padded batch without its attention mask (final_hidden_states), the full forward with it
+        torch.testing.assert_close(terms.student_logp[real], student_logp.detach()[real], atol=1e-5, rtol=0)
+        if positions is not None:
+            assert not terms.student_logp[~real].any()
+        for a, b in zip((p.grad for p in policy.model.parameters()), full_grads):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     policy.model.zero_grad()
 
 
@@ -131,12 +138,16 @@ def test_token_logprobs_and_their_gradient_chunked_equal_the_full_logit_computat
     (full * weights).sum().backward()
     full_grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
 
-    policy.model.zero_grad()
-    chunked = token_logprobs_of(policy.model, ids, attention, chunk=7)  # several chunks, a ragged last one
-    (chunked * weights).sum().backward()
-    torch.testing.assert_close(chunked * mask, full * mask, atol=1e-5, rtol=0)
-    for name, p in policy.model.named_parameters():
-        torch.testing.assert_close(p.grad, full_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    # every position through the head, or only the agent's (packed into one row, zeros elsewhere)
+    for positions in (None, mask.bool()):
+        policy.model.zero_grad()
+        chunked = token_logprobs_of(policy.model, ids, attention, chunk=7, positions=positions)  # a ragged last chunk
+        (chunked * weights).sum().backward()
+        torch.testing.assert_close(chunked * mask, full * mask, atol=1e-5, rtol=0)
+        if positions is not None:
+            assert not chunked[~positions].any()
+        for name, p in policy.model.named_parameters():
+            torch.testing.assert_close(p.grad, full_grads[name], atol=1e-5, rtol=1e-4, msg=name)
     logp, loss_mask = sequence_logprobs(policy.model, batch, slice(0, len(batch)))
     assert torch.equal(loss_mask, mask)
     torch.testing.assert_close(logp * mask, full.detach() * mask, atol=1e-5, rtol=0)
