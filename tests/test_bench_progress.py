@@ -111,3 +111,19 @@ def test_a_resumed_bench_counts_only_what_it_will_continue_from(tmp_path):
     stale.write_text('{"key": "another bench", "value": {}}')
     eval_progress_path(tmp_path / "jobs", run, "alfworld/valid_seen").write_text("70/140")  # a split a killed run
     assert _kept_progress(run, tmp_path, envs, store) == (2, {"alfworld/train": 1.0})  # was playing starts over
+
+
+def test_workers_take_the_longest_forecast_jobs_first_and_ties_in_job_order():
+    """A pool takes jobs in this order: long ones first, so short ones fill the end instead of one long job
+    running alone at the end while the other workers idle."""
+    from evaluation.bench.jobs import longest_first
+
+    settings = BenchSettings()
+    costs = job_costs(settings, 3)
+    jobs = [ReferenceJob("warm_start", "unused", "warm_start"), RunJob("sft", 0, True, False),
+            RunJob("opd", 0, True, False), ReferenceJob("teacher", "unused", "teacher")]
+    forecast = {i: _job_forecast(job, settings, costs) for i, job in enumerate(jobs)}
+    order = longest_first([0, 1, 2, 3], forecast)
+    assert [sum(forecast[i]) for i in order] == sorted((sum(f) for f in forecast.values()), reverse=True)
+    assert order.index(1) < order.index(2) and order.index(0) < order.index(3)  # equal forecasts keep their order
+    assert longest_first([3, 0], {0: (1.0, 0.0), 3: (0.0, 5.0)}) == [3, 0]

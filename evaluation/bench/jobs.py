@@ -389,6 +389,13 @@ def _steps_done(job: Any, out: Path) -> int:
         return 0
 
 
+def longest_first(todo: list[int], forecast: dict[int, tuple[float, float]]) -> list[int]:
+    """The order a pool of workers takes jobs in: longest forecast first, ties in job order. Short jobs (a
+    reference row's evaluation) then fill the end, instead of one long training run finishing alone while the
+    other workers idle."""
+    return sorted(todo, key=lambda i: -sum(forecast[i]))
+
+
 def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callable[[str], None], out: Path,
              store: Any = None) -> list[JobOutcome]:
     """Run the jobs (in ``workers`` processes, or here when 1); their outcomes in job order.
@@ -469,7 +476,7 @@ def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callabl
             # spawn, not fork: the parent has torch (and maybe Ray, tokenizers) threads that fork would copy mid-state
             with cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                         initializer=_worker_init, initargs=(settings.threads,)) as pool:
-                futures = {pool.submit(run_job, jobs[i], quiet): i for i in todo}
+                futures = {pool.submit(run_job, jobs[i], quiet): i for i in longest_first(todo, forecast)}
                 pending = set(futures)
                 shown = time.monotonic()
                 while pending:
