@@ -116,7 +116,7 @@ def test_a_resumed_bench_counts_only_what_it_will_continue_from(tmp_path):
 def test_workers_take_the_longest_forecast_jobs_first_and_ties_in_job_order():
     """A pool takes jobs in this order: long ones first, so short ones fill the end instead of one long job
     running alone at the end while the other workers idle."""
-    from evaluation.bench.jobs import longest_first
+    from evaluation.bench.settings import longest_first
 
     settings = BenchSettings()
     costs = job_costs(settings, 3)

@@ -21,7 +21,7 @@ from evaluation.bench.episodes import (eval_env_args, eval_task_ids, evaluate_ev
                                        load_frozen_policy, make_env)
 from evaluation.bench.job_store import eval_progress_path, part_path, read_eval_progress
 from evaluation.bench.results import build_record
-from evaluation.bench.settings import BenchError, BenchSettings, resolved_curve_env
+from evaluation.bench.settings import BenchError, BenchSettings, longest_first, resolved_curve_env
 from evaluation.bench.training import (_trainer, release_freed_memory, run_diagnostics, run_overrides, sft_checkpoint,
                                        steps_seconds, trained_policy, training_curve)
 
@@ -387,13 +387,6 @@ def _steps_done(job: Any, out: Path) -> int:
             return sum(1 for _ in fh)
     except OSError:
         return 0
-
-
-def longest_first(todo: list[int], forecast: dict[int, tuple[float, float]]) -> list[int]:
-    """The order a pool of workers takes jobs in: longest forecast first, ties in job order. Short jobs (a
-    reference row's evaluation) then fill the end, instead of one long training run finishing alone while the
-    other workers idle."""
-    return sorted(todo, key=lambda i: -sum(forecast[i]))
 
 
 def run_jobs(jobs: list[Any], context: JobContext, *, workers: int, log: Callable[[str], None], out: Path,

@@ -299,3 +299,9 @@ def resolved_curve_env(settings: BenchSettings) -> str:
         unseen = evaluation_envs(settings)[-1]
         return unseen
     return settings.env
+
+
+def longest_first(todo: list[int], forecast: dict[int, tuple[float, float]]) -> list[int]:
+    """The order workers take jobs in: longest forecast first (ties in job order). Short jobs (a reference row's
+    evaluation) then fill the end, instead of one long training run finishing alone while the others idle."""
+    return sorted(todo, key=lambda i: -sum(forecast[i]))
