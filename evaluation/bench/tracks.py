@@ -61,11 +61,10 @@ SMOLLM2_ALFWORLD = Track(
                   eval_episodes=140, eval_batch=64, train_eval_episodes=8, curve_episodes=16, max_turns=20,
                   max_new_tokens=24, threads=1, resume=True, output_dir="runs/bench-smollm2-alfworld"),
     default_algos=("sft", "opd", "sage_opd", "opsd", "grpo"),
-    # evaluation: the warm start (the row that plays longest, 16.6 turns a game) on all 134 valid_unseen games at
-    # `c5b5ad7` took 891 CPU s, 6.6 s a game (one thread, the other core idle); the first track (`6a39070`, before
-    # the TextWorld memos, grouped prefill and the decode path) took 19-24 s. A rollout episode with its share of
-    # the update: 47 s for OPD and 22 s for SFT at `6a39070`; not measured since, kept at ~40 s
-    episode_seconds=(6.6, 40.0),
+    # the timed run at `c1e2679` (two workers, the machine otherwise idle): an evaluation game 6.5-7.2 s (SFT's and
+    # OPD's splits; 19-24 s at `6a39070`); a rollout episode with its share of the update 7 s for SFT, 16-17.5 s
+    # for OPD and OPSD, ~45 s for SAGE-OPD (its judge): the forecast takes ~20 s for every algorithm
+    episode_seconds=(7.0, 20.0),
     env_args=alfworld_env_args,
     overrides=("model.autocast=bfloat16", "model.max_seq_len=2048", "train.micro_batch_size=2"),
 )
