@@ -112,3 +112,28 @@ def test_missing_data_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTGYM_OPD_DATA", str(DATA_ROOT))
     monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nowhere"))
     assert len(AlfWorldEnv("valid_unseen").task_ids()) == 134
+
+
+def test_games_played_one_after_another_reuse_one_fast_downward_library_copy():
+    """Each game loads fast-downward's library (33 MB, never unloaded); a dropped game's copy serves the next one,
+    so a process that plays hundreds of games holds as many copies as it has games alive at once."""
+    import gc
+
+    from environments.alfworld import downward_pool
+
+    first = AlfWorldEnv("valid_unseen", data_root=DATA_ROOT)
+    ids = first.task_ids()
+    first.reset(options={"task_id": ids[0]})
+    before = downward_pool.loaded
+    for task_id in ids[1:4]:  # each reset of another game closes and drops the previous one
+        first.reset(options={"task_id": task_id})
+        gc.collect()
+    assert downward_pool.loaded <= before + 1  # the dropped games' copies were reused
+    second = AlfWorldEnv("valid_unseen", data_root=DATA_ROOT)
+    second.reset(options={"task_id": ids[5]})  # a game open beside another needs its own copy
+    gc.collect()
+    assert downward_pool.loaded - len(downward_pool._free) >= 2  # two live games, two copies in use
+    info, reward, terminated = _replay(first, ids[6])  # a reused copy still plans the game to its end
+    assert terminated and reward == 1.0, info
+    first.close()
+    second.close()

@@ -49,9 +49,10 @@ def _import_textworld():
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
     except ImportError as exc:
         raise ImportError(f"ALFWorld is not installed: {INSTALL_HINT}") from exc
-    from environments.alfworld import textworld_memo
+    from environments.alfworld import downward_pool, textworld_memo
 
     textworld_memo.install()  # TextWorld's PDDL translation and text parsing, memoised (why: that module)
+    downward_pool.install()  # one process's fast-downward library copies, reused (why: that module)
     return textworld, AlfredDemangler, AlfredInfos
 
 
