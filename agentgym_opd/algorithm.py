@@ -133,18 +133,17 @@ def token_logprobs_of(model: Any, ids: torch.Tensor, attention: torch.Tensor, ch
     these go through the head (packed into one row; zeros elsewhere), as in
     :func:`agentgym_opd.distill.chunked_distillation_terms`."""
     from agentgym_opd.losses import token_logprobs
-    from agentgym_opd.policy.hf import can_chunk, chunked_token_scores, final_hidden_states
+    from agentgym_opd.policy.hf import (can_chunk, chosen_positions, chunked_token_scores, final_hidden_states,
+                                        pack_positions, unpack_positions)
 
     if not can_chunk(model):
         logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()[:, :-1]
         return token_logprobs(logits if temperature == 1.0 else logits / temperature, ids[:, 1:])
     hidden, targets = final_hidden_states(model, ids, attention)[:, :-1], ids[:, 1:]
-    where = None if positions is None else positions.bool().nonzero(as_tuple=True)
-    if where is None or not len(where[0]):
-        return chunked_token_scores(model, hidden, targets, chunk=chunk, temperature=temperature).logprobs
-    packed = chunked_token_scores(model, hidden[where][None], targets[where][None], chunk=chunk,
+    where = chosen_positions(positions)
+    packed = chunked_token_scores(model, pack_positions(hidden, where), pack_positions(targets, where), chunk=chunk,
                                   temperature=temperature).logprobs
-    return packed.new_zeros(targets.shape).index_put(where, packed[0])
+    return unpack_positions(packed, where, targets.shape)
 
 
 def agent_mask(batch: RolloutBatch) -> torch.Tensor:

@@ -33,8 +33,9 @@ from agentgym_opd.config import constrained
 from agentgym_opd.losses import (TopM, aggregate_token_loss, full_vocab_divergence, sampled_token_surrogate,
                                  token_logprobs, topm_distillation, topm_divergence)
 from agentgym_opd.profiling import phase
-from agentgym_opd.policy.hf import (can_chunk, chunk_positions, chunked_over_positions, final_hidden_states,
-                                   output_head, output_logits)
+from agentgym_opd.policy.hf import (can_chunk, chosen_positions, chunk_positions, chunked_over_positions,
+                                    final_hidden_states, output_head, output_logits, pack_positions,
+                                    unpack_positions)
 from agentgym_opd.rollout import RolloutBatch
 from agentgym_opd.types import Episode, Task
 
@@ -307,13 +308,11 @@ def chunked_distillation_terms(student_model: Any, ids: torch.Tensor, attention:
     """
     hidden = final_hidden_states(student_model, ids, attention)[:, :-1]
     targets = ids[:, 1:]
-    full_mask = mask
-    where = None if positions is None else positions.bool().nonzero(as_tuple=True)
-    if where is not None and len(where[0]):  # pack the chosen positions into one row
-        hidden, targets, mask = hidden[where][None], targets[where][None], mask[where][None]
-        teacher = AlignedTeacher(teacher.hidden[where][None], teacher.network)
-    else:
-        where = None
+    full_mask, shape = mask, targets.shape
+    where = chosen_positions(positions)
+    if where is not None:  # the chosen positions packed into one row
+        hidden, targets, mask = (pack_positions(t, where) for t in (hidden, targets, mask))
+        teacher = AlignedTeacher(pack_positions(teacher.hidden, where), teacher.network)
     vocab = output_head(student_model).weight.shape[0]
     step = chunk or chunk_positions(hidden.shape[0], vocab)
 
@@ -326,10 +325,7 @@ def chunked_distillation_terms(student_model: Any, ids: torch.Tensor, attention:
         return per_token, kl, tempered_logprobs(student_logits, target, logp_temperature)
 
     outputs = chunked_over_positions(student_model, hidden, one_chunk, step)
-    if where is not None:  # back to [b, W - 1], zeros at the positions left out
-        shape = positions.shape  # type: ignore[union-attr]
-        outputs = tuple(out.new_zeros(shape).index_put(where, out[0]) for out in outputs)
-    per_token, kl, student_logp = outputs
+    per_token, kl, student_logp = (unpack_positions(out, where, shape) for out in outputs)
     return DistillTerms(per_token, full_mask, kl.detach(), student_logp)
 
 

@@ -463,6 +463,27 @@ def chunked_over_positions(model: Any, hidden: torch.Tensor, fn: Any, step: int)
     return tuple(torch.cat([p[k] for p in parts], dim=1) for k in range(len(parts[0])))
 
 
+def chosen_positions(positions: torch.Tensor | None) -> Any:
+    """The ``(rows, columns)`` index of the true entries of ``positions`` ``[b, n]``, or None when every position
+    is wanted (``positions`` is None or chooses none). With :func:`pack_positions` and :func:`unpack_positions`
+    the output head runs only where a loss reads (a multi-turn episode is mostly prompt and observation)."""
+    if positions is None:
+        return None
+    where = positions.bool().nonzero(as_tuple=True)
+    return where if len(where[0]) else None
+
+
+def pack_positions(tensor: torch.Tensor, where: Any) -> torch.Tensor:
+    """``tensor`` ``[b, n, ...]`` at the chosen positions, as one row ``[1, k, ...]`` (itself when ``where`` is None)."""
+    return tensor if where is None else tensor[where][None]
+
+
+def unpack_positions(packed: torch.Tensor, where: Any, shape: torch.Size) -> torch.Tensor:
+    """The inverse of :func:`pack_positions` for a per-position output: ``[b, n]`` with zeros where nothing was
+    chosen (gradients flow to the packed entries)."""
+    return packed if where is None else packed.new_zeros(shape).index_put(where, packed[0])
+
+
 # ----------------------------------------------------------------------------------------------------
 # Generation with the KV cache kept across calls
 # ----------------------------------------------------------------------------------------------------
