@@ -44,13 +44,26 @@ def test_slab_values_lend_decode_attention_their_zero_tailed_buffer_until_a_tens
     buffer = getattr(values, SLAB_BUFFER)
     assert buffer.shape[2] > 40 and buffer.is_contiguous() and not buffer[:, :, 40:].any()
     assert torch.equal(buffer[:, :, :40], values)
+    assert getattr(keys, SLAB_BUFFER).shape[2] == buffer.shape[2]  # the keys lend theirs too (their tail unread)
     q = torch.randn(2, 9, 1, 8)
     lent = decode_attention(q, keys, values, None)
-    plain = decode_attention(q, keys, values.clone(), None)
+    plain = decode_attention(q, keys.clone(), values.clone(), None)
     torch.testing.assert_close(lent, plain, rtol=1e-6, atol=1e-6)
     slab.crop(30)
     _, values = slab.update(torch.randn(2, 3, 1, 8), torch.randn(2, 3, 1, 8))
     assert getattr(values, SLAB_BUFFER, None) is None or not getattr(values, SLAB_BUFFER)[:, :, 31:].any()
+
+
+def test_the_slab_stores_keys_in_the_values_dtype():
+    """Under autocast the rotary embedding hands the cache float32 keys beside bf16 values; the slab keeps both in
+    bf16 (what attention under autocast reads), so the cache is a third smaller and no prefill casts it again."""
+    slab = SlabLayer()
+    keys, values = slab.update(torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8).bfloat16())
+    assert keys.dtype == values.dtype == torch.bfloat16
+    keys, _ = slab.update(torch.randn(2, 3, 1, 8), torch.randn(2, 3, 1, 8).bfloat16())
+    assert keys.shape[2] == 6 and keys.dtype == torch.bfloat16
+    keys, values = SlabLayer().update(torch.randn(1, 3, 4, 8), torch.randn(1, 3, 4, 8))  # float32 stays float32
+    assert keys.dtype == values.dtype == torch.float32
 
 
 def _gqa_model(initializer_range: float = 0.02) -> LlamaForCausalLM:
@@ -170,6 +183,46 @@ def test_a_compacted_session_with_grouped_prefill_samples_as_before():
         hf.KVSession._compact, hf.KVSession._row_cache = compact, row_cache
     assert sum(removed) > 0  # holes were dropped
     assert grouped and max(grouped) < 3  # some calls prefilled groups of rows, not the whole batch
+    assert session.cache.get_seq_length() == session.mask.shape[1]
+
+
+def test_steps_go_on_with_the_unfinished_rows_and_sample_as_the_whole_batch_would(monkeypatch):
+    """Rows that stop at different steps: once at most a quarter of them still decode, the steps run on a copy of
+    their cache, and their columns join the session's cache at the end of the call. Every row samples the same
+    tokens and log-probs as with the whole batch stepping to the end, turn after turn (so the joined columns
+    hold the right keys in the right slots)."""
+    from transformers import AutoTokenizer
+
+    import agentgym_opd.policy.hf as hf
+
+    policy = HFPolicy(_gqa_model(initializer_range=0.3), AutoTokenizer.from_pretrained(default_tiny_model()))
+    policy.stop_token_ids = list(range(0, 64, 5))  # a fifth of the vocabulary ends a row: rows end at many steps
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    step_rows: list[int] = []  # rows in each one-token forward of the session
+    forward = policy.model.forward
+
+    def recording_forward(*args, **kwargs):
+        ids = kwargs["input_ids"]
+        if ids.shape[1] == 1:
+            step_rows.append(ids.shape[0])
+        return forward(*args, **kwargs)
+
+    keys = [f"row{i}" for i in range(8)]
+    seqs = {k: [3 + i, 4, 7 + 2 * i] * (2 + i) for i, k in enumerate(keys)}
+    session, shrink_below = policy.session(), hf.SHRINK_BELOW
+    for turn in range(4):
+        seeds = [turn * 100 + i for i in range(len(keys))]
+        monkeypatch.setattr(policy.model, "forward", recording_forward)
+        got = session.generate(keys, [seqs[k] for k in keys], params, seeds=seeds)
+        monkeypatch.setattr(policy.model, "forward", forward)
+        monkeypatch.setattr(hf, "SHRINK_BELOW", 0.0)  # the reference: the whole batch steps to the end
+        want = policy.generate([seqs[k] for k in keys], params, seeds=seeds)
+        monkeypatch.setattr(hf, "SHRINK_BELOW", shrink_below)
+        for key, g, w in zip(keys, got, want):
+            assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason
+            assert max(abs(x - y) for x, y in zip(g.logprobs, w.logprobs)) < 1e-4
+            seqs[key] = seqs[key] + g.token_ids + [1, 2, 3][: 1 + turn % 3]
+    assert min(step_rows) <= len(keys) * shrink_below < max(step_rows)  # the steps went on with a few rows, not all
     assert session.cache.get_seq_length() == session.mask.shape[1]
 
 

@@ -493,6 +493,24 @@ COMPACT_BELOW = 0.75
 """A session's cache is compacted when its longest row fills at most this share of the columns: compaction
 copies the cache once, a decode step reads all of it, so a quarter of the columns saved pays within a step."""
 
+SHRINK_BELOW = 0.25
+"""A call's decode steps go on with its unfinished rows only (on a copy of their cache) once at most this share
+of the rows in the step is unfinished: the copy reads and writes those rows' cache once (at most half a step's
+reads of the whole cache), and every later step skips reading the finished rows' (three quarters or more), so the
+copy pays for itself within one step. Actions end at different steps (6 tokens beside 10), so most calls end with
+a few rows stepping alone."""
+
+
+def cache_rows(source: Any, index: torch.Tensor) -> Any:
+    """A new cache (with room to grow in place) holding a copy of the rows ``index`` of ``source`` (empty if it has
+    none)."""
+    cache = slab_cache()
+    for layer_idx, layer in enumerate(getattr(source, "layers", [])):
+        keys = getattr(layer, "keys", None)
+        if keys is not None and keys.dim() == 4 and keys.shape[-2] > 0:
+            cache.update(keys[index], layer.values[index], layer_idx)
+    return cache
+
 
 class KVSession:
     """Rows of KV cache kept between `generate` calls: a multi-turn rollout appends, never re-encodes.
@@ -518,7 +536,10 @@ class KVSession:
     order, to the right end. And when the rows' new ids differ much in length (one observation lists a
     receptacle's objects, another says "Nothing happens."), the rows are prefilled in groups of similar length
     (:func:`~agentgym_opd.policy.batching.prefill_groups`), each on a copy of its rows' cache, rather than all
-    padded to the longest. docs/speed.md ("The real-LM track's evaluation") has what each saves.
+    padded to the longest. Within a call, rows stop at different steps (an action of 6 tokens beside one of 10):
+    once at most :data:`SHRINK_BELOW` of the rows still decode, the steps run on a copy of those rows' cache and
+    their new columns join the session's cache at the end of the call, with holes for the other rows.
+    docs/speed.md ("The real-LM track's evaluation") has what each saves.
     """
 
     def __init__(self, policy: HFPolicy):
@@ -671,26 +692,29 @@ class KVSession:
         if whole:
             self.cache = out.past_key_values
             self.mask = torch.cat([self.mask, mask_t], dim=1)
-        else:  # the group's new columns, holes for every other row
-            full_mask = self.mask.new_zeros((len(self.keys), width))
-            full_mask[index] = mask_t
-            for layer_idx, layer in enumerate(out.past_key_values.layers):
-                keys, values = layer.keys[:, :, -width:], layer.values[:, :, -width:]
-                full_k = keys.new_zeros((len(self.keys), *keys.shape[1:]))
-                full_v = values.new_zeros((len(self.keys), *values.shape[1:]))
-                full_k[index], full_v[index] = keys, values
-                self.cache.update(full_k, full_v, layer_idx)
-            self.mask = torch.cat([self.mask, full_mask], dim=1)
+        else:
+            self._append_columns(index, out.past_key_values, mask_t)
         return out.logits[:, -1, :].float()
+
+    def _append_columns(self, index: torch.Tensor, cache: Any, mask: torch.Tensor) -> None:
+        """Append the last ``mask.shape[1]`` columns of ``cache`` (a cache of the session's rows ``index``) to the
+        session's cache: those rows' new keys and values, holes (mask 0) for every other row."""
+        width = mask.shape[1]
+        if width == 0:
+            return
+        full_mask = self.mask.new_zeros((len(self.keys), width))
+        full_mask[index] = mask
+        for layer_idx, layer in enumerate(cache.layers):
+            keys, values = layer.keys[:, :, -width:], layer.values[:, :, -width:]
+            full_k = keys.new_zeros((len(self.keys), *keys.shape[1:]))
+            full_v = values.new_zeros((len(self.keys), *values.shape[1:]))
+            full_k[index], full_v[index] = keys, values
+            self.cache.update(full_k, full_v, layer_idx)
+        self.mask = torch.cat([self.mask, full_mask], dim=1)
 
     def _row_cache(self, index: torch.Tensor) -> Any:
         """A new cache holding a copy of the rows ``index`` of the session's cache (empty if it has none)."""
-        cache = slab_cache()
-        for layer_idx, layer in enumerate(getattr(self.cache, "layers", [])):
-            keys = getattr(layer, "keys", None)
-            if keys is not None and keys.dim() == 4 and keys.shape[-2] > 0:
-                cache.update(keys[index], layer.values[index], layer_idx)
-        return cache
+        return cache_rows(self.cache, index)
 
     def _run(self, rows: list[int], seqs: list[list[int]], new_ids: list[list[int]], params: SamplingParams,
              seeds: list[int]) -> list[Generation]:
@@ -724,6 +748,8 @@ class KVSession:
         produced = torch.zeros(batch, dtype=torch.long, device=device)
         ended_by_token = torch.zeros(batch, dtype=torch.bool, device=device)
         base = self.mask.shape[1]  # slot of generated token j is base + j (when it is fed)
+        stepping: torch.Tensor | None = None  # the rows the steps run on, when not all (then on a copy of their cache)
+        cache, mask = self.cache, self.mask  # the stepping rows' cache and mask
         for step in range(params.max_new_tokens):
             picked = draw(logits, params, words, step)
             source = behaviour_logits(logits, params, policy.logprobs_mode)
@@ -735,13 +761,33 @@ class KVSession:
             alive = alive & ~ended
             if step == params.max_new_tokens - 1 or not bool(alive.any()):
                 break
-            self.mask = torch.cat([self.mask, alive.long()[:, None]], dim=1)
-            out = policy.model(input_ids=torch.where(alive, picked, torch.full_like(picked, pad))[:, None],
-                               attention_mask=self.mask, position_ids=position[:, None],
-                               past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-            self.cache = out.past_key_values
+            in_step = batch if stepping is None else len(stepping)
+            if int(alive.sum()) <= SHRINK_BELOW * in_step and in_step > 1:  # go on with the unfinished rows only
+                if stepping is None:
+                    self.cache, self.mask = cache, mask
+                    stepping = alive.nonzero()[:, 0]
+                    cache = cache_rows(self.cache, stepping)
+                else:  # the rows leaving keep the columns they fed: into the session's cache first
+                    self._append_columns(stepping, cache, mask[:, self.mask.shape[1]:])
+                    keep = alive[stepping].nonzero()[:, 0]
+                    stepping, cache = stepping[keep], cache_rows(cache, keep)
+                mask = self.mask[stepping]
+            rows_alive = alive if stepping is None else alive[stepping]
+            rows_picked = picked if stepping is None else picked[stepping]
+            mask = torch.cat([mask, rows_alive.long()[:, None]], dim=1)
+            out = policy.model(input_ids=torch.where(rows_alive, rows_picked, torch.full_like(rows_picked, pad))[:, None],
+                               attention_mask=mask, position_ids=(position if stepping is None else position[stepping])[:, None],
+                               past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache = out.past_key_values
             position = position + alive.long()
-            logits = out.logits[:, -1, :].float()
+            if stepping is None:
+                logits = out.logits[:, -1, :].float()
+            else:
+                logits[stepping] = out.logits[:, -1, :].float()
+        if stepping is None:
+            self.cache, self.mask = cache, mask
+        else:
+            self._append_columns(stepping, cache, mask[:, self.mask.shape[1]:])
 
         all_ids = torch.stack(picks, dim=1).cpu().tolist()
         all_lp = torch.stack(logps, dim=1).cpu().tolist()

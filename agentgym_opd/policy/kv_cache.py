@@ -12,14 +12,20 @@ query head (`repeat_kv`: three more copies) before attending. Both are avoidable
 - `gqa_sdpa` is Transformers' SDPA attention with the KV heads shared through SDPA's own `enable_gqa`
   (no materialised repeat), registered under the name `"gqa_sdpa"` in Transformers' attention registry.
 
-Both give the same numbers as the stock path (same kernels, same order of operations per head), except one
-case: a one-token decode step under bf16 / fp16 autocast on a CPU. There torch's fused SDPA kernel runs 5-8x
-slower than in float32 (one thread, 140 rows x 1,000 cached tokens: 137 ms a layer against 17 ms for two batched
-matrix products), and autocast first casts the whole float32 key cache to bf16 (the rotary embedding leaves the
-keys in float32), so a bf16 evaluation's decoding was mostly attention. `decode_attention` computes that step
-as two matrix products instead: the scores in float32 from the float32 keys (no copy of the cache), softmax in
-float32, the weighted sum of the bf16 values in bf16. Its numbers differ from the fused kernel's within bf16
-rounding (`tests/test_kv_cache.py`).
+Both give the same numbers as the stock path (same kernels, same order of operations per head), except under
+bf16 / fp16 autocast:
+
+- `SlabLayer` stores the keys in the values' dtype. The rotary embedding leaves the keys in float32 while the
+  values come out of their projection in bf16, so a float32 key cache was half again the cache's size, and every
+  prefill's attention cast all of it to bf16 first (autocast runs SDPA in bf16): storing them in bf16 is the same
+  rounding, done once per token.
+- A one-token decode step on a CPU: there torch's fused SDPA kernel runs 5-8x slower than in float32 (one thread,
+  140 rows x 1,000 cached tokens: 137 ms a layer against 17 ms for two batched matrix products).
+  `decode_attention` computes that step as two matrix products instead, over the slab's whole buffers (a bf16
+  product copies an operand whose rows are not contiguous, as the filled part of a buffer with spare room is
+  not): the scores as keys x query (the tall product is the fast one in bf16: 64 rows x 800 cached tokens, one
+  thread, 0.9 ms a layer against 3.0 ms for float32 keys), softmax in float32, the weighted sum of the values.
+  Its numbers differ from the fused kernel's within bf16 rounding (`tests/test_kv_cache.py`).
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ except ImportError:  # pragma: no cover - depends on the installed Transformers
     DynamicLayer = None  # type: ignore[assignment,misc]
 
 GQA_SDPA = "gqa_sdpa"
-SLAB_BUFFER = "slab_buffer"  # attribute of a `SlabLayer.update` values view: its whole buffer, zero past the view
+SLAB_BUFFER = "slab_buffer"  # attribute of a `SlabLayer.update` keys / values view: its whole buffer (values: zero
+# past the view)
 
 
 class SlabLayer(DynamicLayer or object):  # type: ignore[misc]
@@ -70,6 +77,7 @@ class SlabLayer(DynamicLayer or object):  # type: ignore[misc]
         self._v_tail_zero = False  # an assigned tensor (a crop's view, say) may hold anything past the filled part
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        key_states = key_states.to(value_states.dtype)  # bf16 under autocast, as attention reads them (module doc)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n, t = self._nk, key_states.shape[-2]
@@ -80,15 +88,17 @@ class SlabLayer(DynamicLayer or object):  # type: ignore[misc]
         self._k[:, :, n:n + t] = key_states  # type: ignore[index]
         self._v[:, :, n:n + t] = value_states  # type: ignore[index]
         self._nk = self._nv = n + t
-        values = self.values
+        keys, values = self.keys, self.values
+        if keys is not None:  # `decode_attention` reads the whole buffers: no copy
+            setattr(keys, SLAB_BUFFER, self._k)
         if self._v_tail_zero and values is not None:
-            setattr(values, SLAB_BUFFER, self._v)  # `decode_attention` reads the whole buffer: no copy
-        return self.keys, values
+            setattr(values, SLAB_BUFFER, self._v)
+        return keys, values
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
         capacity = needed + max(64, needed // 8)
         b, h, _, d = key_states.shape
-        k = key_states.new_empty((b, h, capacity, d))
+        k = key_states.new_zeros((b, h, capacity, d))
         v = value_states.new_zeros((b, h, capacity, value_states.shape[-1]))
         n = self._nk
         if self._k is not None and self._k.dim() == 4 and n:
@@ -130,15 +140,16 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      scaling: float | None = None) -> torch.Tensor:
     """One new token's attention over the cache, [B, 1, heads, d] out: ``softmax(q k^T * scale + mask) v`` with
     the query heads grouped by the KV head they share (query head i reads KV head i // groups, as `enable_gqa`
-    and `repeat_kv` do). Scores in the keys' dtype or float32 if wider (under autocast the rotated keys are
-    float32: no copy of the cache is made), softmax in float32, the weighted sum in the values' dtype.
-    ``mask``: boolean (True attends) or additive, [B, 1 or heads, 1, kv]."""
+    and `repeat_kv` do). Scores in the keys' dtype, softmax in float32, the weighted sum in the values' dtype.
+    ``mask``: boolean (True attends) or additive, [B, 1 or heads, 1, kv]. A key or value view from
+    `SlabLayer.update` is read through its whole buffer (module docstring)."""
     b, heads, _, d = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     scale = d ** -0.5 if scaling is None else scaling
     q = query.reshape(b, kv_heads, groups, d).to(key.dtype)
-    scores = torch.matmul(q, key.transpose(-1, -2)).float() * scale  # [B, kv_heads, groups, kv]
+    keys = getattr(key, SLAB_BUFFER, key)
+    scores = torch.matmul(keys, q.transpose(-1, -2)).transpose(-1, -2)[..., :length].float() * scale  # [B, kv, g, L]
     if mask is not None:
         mask = mask.reshape(b, 1, 1, length) if mask.shape[1] == 1 else mask.reshape(b, kv_heads, groups, length)
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
