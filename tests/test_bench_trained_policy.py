@@ -17,8 +17,14 @@ HOUSEHOLD = "household/train"
 
 
 @pytest.mark.slow  # a real (tiny) OPD step: seconds alone, minutes beside a busy machine
-def test_the_trained_policy_outlives_the_trainer_and_nothing_else_of_training_does(tmp_path):
+@pytest.mark.parametrize("autocast", ["none", "bfloat16"])
+def test_the_trained_policy_outlives_the_trainer_and_nothing_else_of_training_does(tmp_path, autocast):
+    """Under bf16 autocast the kept policy is also frozen with its projections stored in bf16 (as a frozen
+    checkpoint is evaluated), and plays the same greedy actions as the trainer's own policy did."""
+    import torch
+
     config = load_config(None, ["algorithm=opd", f"env={HOUSEHOLD}", "model.student=tiny", "model.teacher=tiny",
+                                f"model.autocast={autocast}",
                                 "model.device=cpu", "train.steps=1", "rollout.tasks_per_step=2",
                                 "rollout.max_turns=2", "rollout.max_new_tokens=4", "eval.every=0",
                                 f"output_dir={tmp_path}"])
@@ -35,6 +41,9 @@ def test_the_trained_policy_outlives_the_trainer_and_nothing_else_of_training_do
 
     policy = trained_policy(trainer)
     assert all(p.grad is None for p in policy.model.parameters())
+    linear_dtypes = {m.weight.dtype for m in policy.model.modules() if isinstance(m, torch.nn.Linear)}
+    assert linear_dtypes == ({torch.float32} if autocast == "none" else {torch.bfloat16})
+    assert any(p.requires_grad for p in policy.model.parameters()) == (autocast == "none")
     del trainer
     release_freed_memory()
     gc.collect()

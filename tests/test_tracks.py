@@ -181,6 +181,18 @@ def test_the_tiny_track_runs_end_to_end_and_a_killed_track_resumes(monkeypatch, 
     assert all(r["algorithm_config"]["bench"]["track"] == "tiny-alfworld-test" for r in records
                if r["algorithm"] == "opd")
     assert (tmp_path / "out" / "claims.md").is_file()
+    # the curve's two points are read off the rows' own evaluations of the unseen split (which plays the curve's
+    # task), not played again: no evaluation ran during training
+    from evaluation.bench.episodes import curve_task_ids
+    from evaluation.bench.settings import curve_from_evaluations
+
+    assert curve_from_evaluations(settings)
+    (curve_task,) = curve_task_ids(settings)
+    unseen = {r["algorithm"]: r for r in records if r["env_id"] == "alfworld/valid_unseen"}
+    assert unseen["opd"]["curve"] == [{"rollouts": 0, "success_rate": unseen["warm_start"]["outcomes"][curve_task]},
+                                      {"rollouts": 2, "success_rate": unseen["opd"]["outcomes"][curve_task]}]
+    metrics = (tmp_path / "out" / "runs" / "opd" / "seed0" / "metrics.jsonl").read_text().splitlines()
+    assert metrics and not any("eval/success" in json.loads(line) for line in metrics)
     # a third run redoes nothing but the (cheap) tables
     ran.clear()
     run_bench(settings, log=lambda line: None)

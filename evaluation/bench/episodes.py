@@ -107,6 +107,34 @@ def eval_task_ids(env_id: str, settings: BenchSettings, seed: int) -> list[str]:
     return bench_task_ids(env_id, ids, seed, settings.eval_episodes)
 
 
+def curve_task_ids(settings: BenchSettings) -> list[str]:
+    """The tasks of a curve point: the curve env's first ``curve_episodes``, as the trainer's evaluation plays them."""
+    from evaluation.bench.settings import resolved_curve_env
+
+    curve_env = resolved_curve_env(settings)
+    return make_env(curve_env, settings, eval_env_args(curve_env, settings)).task_ids()[: settings.curve_episodes]
+
+
+def curve_success(settings: BenchSettings, outcomes: dict[tuple[int, str], float]) -> float:
+    """Success on the curve's tasks from one row's outcomes on the curve env (greedy: one value per task)."""
+    by_task = {task: value for (_seed, task), value in outcomes.items()}
+    tasks = curve_task_ids(settings)
+    return sum(by_task[t] for t in tasks) / len(tasks)
+
+
+def curve_start(policy: Any, settings: BenchSettings, outcomes: dict[str, dict[tuple[int, str], float]]) -> float:
+    """The curve's point 0: the warm start's success at the curve's tasks, read off its evaluation of the curve env
+    (``outcomes`` per env id) where that played them (`settings.curve_from_evaluations`), else played here."""
+    from evaluation.bench.settings import curve_from_evaluations, resolved_curve_env
+
+    curve_env = resolved_curve_env(settings)
+    if curve_from_evaluations(settings):
+        return curve_success(settings, outcomes[curve_env])
+    episodes, _ = evaluate_policy(policy, curve_env, settings, env_args=eval_env_args(curve_env, settings),
+                                  tasks=curve_task_ids(settings))
+    return sum(e.success for e in episodes) / len(episodes)
+
+
 def eval_env_args(env_id: str, settings: BenchSettings) -> dict[str, Any]:
     """The training env keeps its constructor options (its task subset); other splits get their own tasks,
     enough of them (household generates any number) that every seed has ``eval_episodes`` of its own."""

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from evaluation.bench.episodes import (eval_env_args, eval_task_ids, evaluate_every_seed, evaluate_policy,
-                                       load_frozen_policy, make_env)
+from evaluation.bench.episodes import (curve_start, curve_success, eval_env_args, eval_task_ids,
+                                       evaluate_every_seed, evaluate_policy, load_frozen_policy)
 from evaluation.bench.job_store import eval_progress_path, part_path, read_eval_progress
 from evaluation.bench.results import build_record
-from evaluation.bench.settings import BenchError, BenchSettings, longest_first, resolved_curve_env
+from evaluation.bench.settings import (BenchError, BenchSettings, curve_from_evaluations, longest_first,
+                                       resolved_curve_env)
 from evaluation.bench.training import (_trainer, release_freed_memory, run_diagnostics, run_overrides, sft_checkpoint,
                                        steps_seconds, trained_policy, training_curve)
 
@@ -132,11 +133,7 @@ def run_job(job: SFTJob | ReferenceJob | RunJob, context: JobContext) -> JobOutc
             outcome.records.extend(part["records"])
             outcome.outcomes[env_id] = part["outcomes"]
         if job.curve:
-            curve_env = resolved_curve_env(settings)
-            env_args = eval_env_args(curve_env, settings)
-            ids = make_env(curve_env, settings, env_args).task_ids()[: settings.curve_episodes]
-            episodes, _ = evaluate_policy(policy, curve_env, settings, env_args=env_args, tasks=ids)
-            outcome.curve_start = sum(e.success for e in episodes) / len(episodes)
+            outcome.curve_start = curve_start(policy, settings, outcome.outcomes)
     else:
         outcome.records, outcome.error, outcome.outcomes = train_and_evaluate(job, context, log=outcome.messages.append)
     outcome.wall_s = time.perf_counter() - started
@@ -205,6 +202,8 @@ def train_and_evaluate(job: RunJob, context: JobContext, log: Callable[[str], No
                                              tasks=eval_task_ids(env_id, settings, job.seed),
                                              progress_file=eval_progress_path(jobs_folder, job, env_id))
             outcomes[env_id] = {(job.seed, e.task.id): float(e.success) for e in episodes}
+            if env_id == curve_env and curve_from_evaluations(settings):  # the final point, from these games
+                curve = [{"rollouts": settings.budget, "success_rate": curve_success(settings, outcomes[env_id])}]
             records.append(build_record(env_id, episodes, algorithm=job.name, student=context.labels["student"],
                                         teacher=context.labels["teacher"] if job.needs_teacher else None,
                                         algorithm_config=config, seed=job.seed, wall_time_s=wall,

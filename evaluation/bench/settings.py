@@ -277,7 +277,7 @@ def job_costs(settings: BenchSettings, n_eval_envs: int) -> JobCosts:
         per_episode, per_rollout = get_track(settings.track).episode_seconds
     train_tasks = min(settings.resolved_env_args().get("num_tasks", settings.train_eval_episodes),
                       settings.train_eval_episodes)
-    curve = settings.curve_episodes if base else train_tasks
+    curve = 0 if curve_from_evaluations(settings) else settings.curve_episodes if base else train_tasks
     held_out = (n_eval_envs - 1) * settings.eval_episodes
     return JobCosts(run_train=settings.budget * per_rollout,
                     run_eval=(settings.eval_points * curve + train_tasks + held_out) * per_episode,
@@ -288,6 +288,20 @@ def curve_task_count(settings: BenchSettings) -> int:
     """The tasks each point of a run's training curve plays: ``curve_episodes`` of the curve env, or the training
     tasks the run is evaluated on where the curve is measured on the training env (the older path)."""
     return settings.curve_episodes if resolved_curve_env(settings) != settings.env else settings.train_eval_episodes
+
+
+def curve_from_evaluations(settings: BenchSettings) -> bool:
+    """Whether the training curves are read off the rows' own evaluations instead of played apart: with one point
+    besides the start (``eval_points == 1``: the end of training) on held-out tasks that the row's evaluation of
+    the curve env plays anyway (a track plays every unseen game, the curve's first 16 among them), the warm
+    start's and each run's final policy would only replay games whose outcome the record already has."""
+    curve_env = resolved_curve_env(settings)
+    if settings.eval_points != 1 or curve_env == settings.env or curve_env not in evaluation_envs(settings):
+        return False
+    from evaluation.bench.episodes import curve_task_ids, eval_task_ids
+
+    wanted = set(curve_task_ids(settings))
+    return all(wanted <= set(eval_task_ids(curve_env, settings, seed)) for seed in settings.seeds)
 
 
 def resolved_curve_env(settings: BenchSettings) -> str:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evaluation.bench.episodes import eval_env_args
-from evaluation.bench.settings import (TUNED_OVERRIDES, BenchError, BenchSettings, curve_task_count, resolved_curve_env,
-                                       uses_base_models)
+from evaluation.bench.settings import (TUNED_OVERRIDES, BenchError, BenchSettings, curve_from_evaluations,
+                                       curve_task_count, resolved_curve_env, uses_base_models)
 
 
 def _common_overrides(settings: BenchSettings, *, seed: int, output_dir: Path) -> list[str]:
@@ -34,12 +34,22 @@ def trained_policy(trainer: Any) -> Any:
     evaluates once training is over: the last step's gradients are dropped here, and the caller drops the trainer,
     which lets go of the optimiser's moments, the teacher(s) and the training envs (for SmolLM2 1.6 GB of AdamW
     moments and gradients alone; a split of 140 ALFWorld games side by side needs about 4.6 GB), then
-    `release_freed_memory`."""
+    `release_freed_memory`.
+
+    Under autocast the student is frozen here and its projections stored in the autocast dtype, as the
+    reference rows' frozen checkpoints are (`precision.store_frozen_projections`): the same products (autocast
+    rounds each weight to bf16 anyway), without casting 135M float32 weights at every generate call, and half
+    the weights' memory."""
+    from agentgym_opd.policy.precision import autocast_of, store_frozen_projections
+
     policy = trainer.eval_engine.policy
     for parameter in trainer.student.model.parameters():
         parameter.grad = None
     for env in trainer.envs:
         env.close()
+    if autocast_of(policy.model) is not None:
+        policy.model.requires_grad_(False)
+        store_frozen_projections(policy.model)
     return policy
 
 
@@ -100,7 +110,8 @@ def run_overrides(settings: BenchSettings, name: str, *, seed: int, run_dir: Pat
     group = settings.group_size if needs_groups else 1
     if group > settings.episodes_per_step or settings.episodes_per_step % group:
         raise BenchError(f"episodes_per_step={settings.episodes_per_step} must be a multiple of group_size={group}")
-    every = max(1, settings.steps // max(settings.eval_points, 1))
+    # no evaluation during training where the curve's one point is read off the row's own evaluation
+    every = 0 if curve_from_evaluations(settings) else max(1, settings.steps // max(settings.eval_points, 1))
     curve_env = resolved_curve_env(settings)
     curve_episodes = curve_task_count(settings)
     overrides = _common_overrides(settings, seed=seed, output_dir=run_dir) + [
