@@ -66,6 +66,25 @@ def test_the_slab_stores_keys_in_the_values_dtype():
     assert keys.dtype == values.dtype == torch.float32
 
 
+def test_a_slab_layers_rows_copy_its_buffers_whole_and_append_in_place():
+    """`SlabLayer.rows` (a prefill group's or a shrinking decode's copy of some rows) holds exactly those rows'
+    keys and values, lends its values' zero tail, and has the source's spare room: an append writes in place."""
+    from agentgym_opd.policy.kv_cache import SLAB_BUFFER
+
+    torch.manual_seed(0)
+    slab = SlabLayer()
+    keys, values = slab.update(torch.randn(4, 3, 40, 8), torch.randn(4, 3, 40, 8))
+    index = torch.tensor([3, 1])
+    rows = slab.rows(index)
+    torch.testing.assert_close(rows.keys, keys[index], rtol=0, atol=0)
+    torch.testing.assert_close(rows.values, values[index], rtol=0, atol=0)
+    buffer = rows._v
+    new_keys, new_values = rows.update(torch.randn(2, 3, 3, 8), torch.randn(2, 3, 3, 8))
+    assert rows._v is buffer and new_values.shape[2] == 43  # appended in place, no new buffer
+    assert not getattr(new_values, SLAB_BUFFER)[:, :, 43:].any()
+    assert SlabLayer().rows(index) is None  # nothing to copy yet
+
+
 def _gqa_model(initializer_range: float = 0.02) -> LlamaForCausalLM:
     """A 2-layer GQA Llama. At the default init its attention barely moves the logits; a test of what a row
     attends to takes ``initializer_range=0.3``, where a wrong key changes the sampled tokens."""

@@ -24,7 +24,7 @@ from agentgym_opd.distributed import is_fsdp, unwrap_model
 from agentgym_opd.policy.base import Generation, SamplingParams, TokenScores, tail_logprob
 from agentgym_opd.policy.batching import PREFILL_TOKEN_BUDGET, length_buckets, prefill_groups
 from agentgym_opd.policy.chat import end_of_turn_token_ids, prompt_ids
-from agentgym_opd.policy.kv_cache import slab_cache
+from agentgym_opd.policy.kv_cache import SlabLayer, slab_cache
 from agentgym_opd.policy.precision import autocast_across_calls
 from agentgym_opd.policy.sampling import draw, row_seed_words, row_seeds, sampling_logits
 
@@ -503,9 +503,14 @@ a few rows stepping alone."""
 
 def cache_rows(source: Any, index: torch.Tensor) -> Any:
     """A new cache (with room to grow in place) holding a copy of the rows ``index`` of ``source`` (empty if it has
-    none)."""
+    none): slab layers copy their buffers whole in one gather (`SlabLayer.rows`), other layers their filled part."""
     cache = slab_cache()
-    for layer_idx, layer in enumerate(getattr(source, "layers", [])):
+    layers = list(getattr(source, "layers", []))
+    copies = [layer.rows(index) if isinstance(layer, SlabLayer) else None for layer in layers]
+    if copies and all(copy is not None for copy in copies):
+        cache.layers.extend(copies)
+        return cache
+    for layer_idx, layer in enumerate(layers):
         keys = getattr(layer, "keys", None)
         if keys is not None and keys.dim() == 4 and keys.shape[-2] > 0:
             cache.update(keys[index], layer.values[index], layer_idx)

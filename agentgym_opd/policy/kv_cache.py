@@ -95,6 +95,19 @@ class SlabLayer(DynamicLayer or object):  # type: ignore[misc]
             setattr(values, SLAB_BUFFER, self._v)
         return keys, values
 
+    def rows(self, index: torch.Tensor) -> "SlabLayer | None":
+        """A new layer holding the rows ``index`` of this one: each buffer gathered whole, spare room included, so a
+        prefill appending to the copy writes in place (one pass over those rows instead of a gather, a new buffer and
+        a copy into it). None when this layer holds no buffer."""
+        if self._k is None or self._k.dim() != 4 or self._v is None or self._v.dim() != 4:
+            return None
+        layer = SlabLayer()
+        layer.lazy_initialization(self._k, self._v)
+        layer._k, layer._v = self._k.index_select(0, index), self._v.index_select(0, index)
+        layer._nk = layer._nv = self._nk
+        layer._v_tail_zero = self._v_tail_zero
+        return layer
+
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
         capacity = needed + max(64, needed // 8)
         b, h, _, d = key_states.shape
