@@ -105,11 +105,12 @@ STUDENT_SPEC = AlfworldPairSpec("student", steps=40, schedule_steps=120, context
 TEACHER_SPEC = AlfworldPairSpec("teacher", steps=100, examples_per_game=3, context_weights=(0.5, 0.25, 0.25),
                                 mistake_share=0.5)
 
-# Measured: SmolLM2-135M forward + backward ~130 tokens/s under bf16 autocast on one thread of the build machine
-# (issue 37: 117-144; fp32 60-70); an example averages ~700 tokens (a 10-turn episode and its first prompt).
-TOKENS_PER_SECOND = {"bfloat16": 130.0, "none": 65.0, "float16": 65.0}
-TOKENS_PER_EXAMPLE = 700
-RECORD_SECONDS_PER_GAME = 6.0  # two real plays of a game (the expert's and the walkthrough), once for all specs
+# Measured on the 2-core machine (2026-12-07, the two builds side by side, one thread each): the student's 40 steps
+# in 18.7 min and the teacher's last 40 in 15.9 min, 161-197 training tokens/s under bf16 autocast (fp32 about
+# half); examples average 564 (student) and 589 (teacher) tokens; recording the 300 games took 6.3 min.
+TOKENS_PER_SECOND = {"bfloat16": 170.0, "none": 85.0, "float16": 85.0}
+TOKENS_PER_EXAMPLE = 580
+RECORD_SECONDS_PER_GAME = 1.3  # two real plays of a game (the expert's and the walkthrough), once for all specs
 
 
 def estimated_build_seconds(spec: AlfworldPairSpec, *, recorded: bool = False) -> float:
