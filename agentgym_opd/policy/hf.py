@@ -24,6 +24,7 @@ from agentgym_opd.distributed import is_fsdp, unwrap_model
 from agentgym_opd.policy.base import Generation, SamplingParams, TokenScores, tail_logprob
 from agentgym_opd.policy.batching import PREFILL_TOKEN_BUDGET, length_buckets, prefill_groups
 from agentgym_opd.policy.chat import end_of_turn_token_ids, prompt_ids
+from agentgym_opd.heap import trim_if_grown
 from agentgym_opd.policy.kv_cache import SlabLayer, slab_cache
 from agentgym_opd.policy.precision import autocast_across_calls
 from agentgym_opd.policy.sampling import draw, row_seed_words, row_seeds, sampling_logits
@@ -643,6 +644,7 @@ class KVSession:
                 return self._run(rows, seqs, new_ids, params, row_seeds(len(rows), params.seed, seeds))
         finally:
             model.train(was_training)
+            trim_if_grown()  # the call freed cache buffers: hand them back once the process has grown
 
     def _compact(self) -> None:
         """Drop holes: move each row's real slots, in their order, to the right end of a cache as wide as the

@@ -101,6 +101,7 @@ class JobOutcome:
 def run_job(job: SFTJob | ReferenceJob | RunJob, context: JobContext) -> JobOutcome:
     """Run one job where it stands (this process); a worker process runs exactly this."""
     settings, out = context.settings, Path(context.settings.output_dir)
+    release_freed_memory()  # a worker's previous job (an evaluation's freed caches) must not crowd this one
     started = time.perf_counter()
     outcome = JobOutcome(job.name, getattr(job, "seed", None))
     if isinstance(job, SFTJob):

@@ -56,14 +56,12 @@ def trained_policy(trainer: Any) -> Any:
 def release_freed_memory() -> None:
     """Collect what the dropped objects held and hand the freed heap back to the OS (glibc keeps freed small and
     medium blocks otherwise, so a worker's resident size would stay at its training peak)."""
-    import ctypes
     import gc
 
+    from agentgym_opd.heap import trim_heap
+
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the OS gets the memory back when the allocator decides
-        pass
+    trim_heap()
 
 
 def final_model_dir(run_dir: Path) -> Path:
