@@ -337,6 +337,11 @@ def test_a_killed_training_job_continues_from_its_checkpoint_and_keeps_its_finis
         return {(r["algorithm"], r["env_id"]): r["metrics"] for r in records}
 
     assert metrics("out") == metrics("straight") and len(metrics("out")) == 3
+    # the sitting that finished the training kept its time; the one that resumed after it reads that back
+    kept = float((run / "train_wall_s").read_text())
+    train_seconds = {json.loads(p.read_text())["algorithm_config"]["bench"]["train_wall_time_s"]
+                     for p in (tmp_path / "out" / "records").glob("*.json")}
+    assert train_seconds == {round(kept, 3)}
 
 
 def test_a_turns_claim_with_one_seed_per_method_says_it_needs_seeds_not_that_it_was_not_run():

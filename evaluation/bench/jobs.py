@@ -23,8 +23,8 @@ from evaluation.bench.job_store import eval_progress_path, part_path, read_eval_
 from evaluation.bench.results import build_record
 from evaluation.bench.settings import (BenchError, BenchSettings, curve_from_evaluations, longest_first,
                                        resolved_curve_env)
-from evaluation.bench.training import (_trainer, release_freed_memory, run_diagnostics, run_overrides, sft_checkpoint,
-                                       steps_seconds, trained_policy, training_curve)
+from evaluation.bench.training import (_trainer, finished_training_seconds, release_freed_memory, run_diagnostics,
+                                       run_overrides, sft_checkpoint, steps_seconds, trained_policy, training_curve)
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def train_and_evaluate(job: RunJob, context: JobContext, log: Callable[[str], No
             earlier_s = steps_seconds(run_dir)
             log(f"{job.name} seed {job.seed}: resumed from its step-{trainer.step} checkpoint of an earlier run")
         trainer.train()
-        train_wall_s = earlier_s + time.perf_counter() - t0
+        train_wall_s = finished_training_seconds(run_dir, earlier_s + time.perf_counter() - t0)
         policy = trained_policy(trainer)
         del trainer  # evaluation needs the trained student alone: the rest of training's memory goes back now
         release_freed_memory()

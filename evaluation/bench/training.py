@@ -148,6 +148,22 @@ def steps_seconds(run_dir: Path) -> float:
     return sum(float(r.get("rollout_s", 0.0)) + float(r.get("update_s", 0.0)) for r in rows)
 
 
+TRAIN_SECONDS_FILE = "train_wall_s"  # in a run folder: the whole training's wall seconds, kept once it finished
+
+
+def finished_training_seconds(run_dir: Path, measured: float) -> float:
+    """The training's wall seconds: what the run folder kept when its training finished, else ``measured``,
+    which it then keeps. A bench that resumes after the training ended so reports the first sitting's whole
+    time (model loading and checkpoints included), not the smaller sum of its steps' seconds."""
+    path = run_dir / TRAIN_SECONDS_FILE
+    try:
+        return float(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        if run_dir.is_dir():
+            path.write_text(f"{measured:.3f}", encoding="utf-8")
+        return measured
+
+
 def run_diagnostics(run_dir: Path) -> dict[str, float]:
     """The record's ``training`` diagnostics from a run's metrics.jsonl (`evaluation.judge_diagnostics.training_diagnostics`)."""
     from evaluation.judge_diagnostics import training_diagnostics
