@@ -23,6 +23,26 @@ def test_the_first_line_forecast_is_the_sum_the_bar_counts():
     assert estimate_seconds(settings, ["opd", "sft"], 3, warm=True, teacher=False, workers=2) == total / 2
 
 
+def test_a_track_forecasts_each_algorithm_at_its_own_training_cost():
+    """A track's judge-calling method trains at twice OPD's cost: its job weighs that, and so does the forecast."""
+    import dataclasses
+
+    from evaluation.bench.tracks import SMOLLM2_ALFWORLD, TRACKS, register_track, track_settings
+
+    track = register_track(dataclasses.replace(SMOLLM2_ALFWORLD, name="costs-test", rollout_seconds={"sage_opd": 40.0}))
+    try:
+        settings = track_settings(track.name)
+        costs = job_costs(settings, 3)
+        opd, sage = RunJob("opd", 0, True, False), RunJob("sage_opd", 0, True, False)
+        assert _job_forecast(opd, settings, costs)[0] == settings.budget * track.episode_seconds[1]
+        assert _job_forecast(sage, settings, costs)[0] == settings.budget * 40.0
+        both = estimate_seconds(settings, ["opd", "sage_opd"], 3, warm=True, teacher=True, workers=1)
+        alone = estimate_seconds(settings, ["opd"], 3, warm=True, teacher=True, workers=1)
+        assert both - alone == settings.budget * 40.0 + costs.run_eval
+    finally:
+        TRACKS.pop(track.name)
+
+
 def test_a_household_base_model_to_build_weighs_its_build_forecast(tmp_path, monkeypatch):
     """A base model that must be built counts what the first line forecasts for it (it was a 60 s literal)."""
     import dataclasses

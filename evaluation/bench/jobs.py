@@ -309,7 +309,7 @@ def _job_forecast(job: Any, settings: BenchSettings, costs: Any) -> tuple[float,
     from evaluation.bench.settings import SECONDS_PER_EXPERT_EPISODE
 
     if isinstance(job, RunJob):
-        return costs.run_train, costs.run_eval
+        return costs.train_seconds(job.name), costs.run_eval
     if isinstance(job, ReferenceJob):
         return 0.0, costs.reference
     if isinstance(job, BaseModelJob):

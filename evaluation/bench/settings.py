@@ -251,10 +251,10 @@ def estimate_seconds(settings: BenchSettings, algos: list[str], n_eval_envs: int
     sft_runs = [settings.warm_steps * warm, settings.teacher_steps * teacher]
     sft_steps = 0 if base else (max(sft_runs) if workers > 1 else sum(sft_runs))
     costs = job_costs(settings, n_eval_envs)
-    runs = len(algos) * len(settings.seeds)
+    run_seconds = sum(costs.train_seconds(algo) + costs.run_eval for algo in algos) * len(settings.seeds)
     n_references = ((2 if base else 1) + teacher) if settings.references else 0
     return (sft_steps * settings.sft_tasks_per_step * SECONDS_PER_EXPERT_EPISODE
-            + (runs * (costs.run_train + costs.run_eval) + n_references * costs.reference) / max(workers, 1))
+            + (run_seconds + n_references * costs.reference) / max(workers, 1))
 
 
 @dataclass(frozen=True)
@@ -265,23 +265,31 @@ class JobCosts:
     run_train: float  # one algorithm x seed: its training (rollouts, teacher scoring, updates)
     run_eval: float  # ... and its evaluation (curve points, train tasks, held-out splits)
     reference: float  # a reference row: a frozen model on every split, every seed
+    train_by_algo: dict[str, float] = field(default_factory=dict)  # algorithms whose training costs differ
+
+    def train_seconds(self, algo: str) -> float:
+        return self.train_by_algo.get(algo, self.run_train)
 
 
 def job_costs(settings: BenchSettings, n_eval_envs: int) -> JobCosts:
     base = uses_base_models(settings)
     per_episode = SECONDS_PER_EVAL_EPISODE_BASE if base else SECONDS_PER_EVAL_EPISODE
     per_rollout = SECONDS_PER_ROLLOUT_EPISODE_BASE if base else SECONDS_PER_ROLLOUT_EPISODE
+    by_algo: dict[str, float] = {}
     if settings.track:  # a real LM's episodes cost what the track measured
         from evaluation.bench.tracks import get_track
 
-        per_episode, per_rollout = get_track(settings.track).episode_seconds
+        track = get_track(settings.track)
+        per_episode, per_rollout = track.episode_seconds
+        by_algo = {algo: settings.budget * seconds for algo, seconds in track.rollout_seconds.items()}
     train_tasks = min(settings.resolved_env_args().get("num_tasks", settings.train_eval_episodes),
                       settings.train_eval_episodes)
     curve = 0 if curve_from_evaluations(settings) else settings.curve_episodes if base else train_tasks
     held_out = (n_eval_envs - 1) * settings.eval_episodes
     return JobCosts(run_train=settings.budget * per_rollout,
                     run_eval=(settings.eval_points * curve + train_tasks + held_out) * per_episode,
-                    reference=(train_tasks + held_out * len(settings.seeds)) * per_episode)
+                    reference=(train_tasks + held_out * len(settings.seeds)) * per_episode,
+                    train_by_algo=by_algo)
 
 
 def curve_task_count(settings: BenchSettings) -> int:

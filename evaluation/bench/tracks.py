@@ -40,6 +40,7 @@ class Track:
     default_algos: tuple[str, ...]
     # (evaluation episode, rollout episode incl. its share of the update) in seconds of one core: the forecast
     episode_seconds: tuple[float, float] = (10.0, 20.0)
+    rollout_seconds: dict[str, float] = field(default_factory=dict)  # per algorithm, where it differs from the above
     env_args: Any = None  # callable (track) -> training env options, made when the settings are
     overrides: tuple[str, ...] = field(default_factory=tuple)  # config overrides of every run
 
@@ -61,10 +62,12 @@ SMOLLM2_ALFWORLD = Track(
                   eval_episodes=140, eval_batch=64, train_eval_episodes=8, curve_episodes=16, max_turns=20,
                   max_new_tokens=24, threads=1, resume=True, output_dir="runs/bench-smollm2-alfworld"),
     default_algos=("sft", "opd", "sage_opd", "opsd", "grpo"),
-    # the timed run at `c1e2679` (two workers, the machine otherwise idle): an evaluation game 6.5-7.2 s (SFT's and
-    # OPD's splits; 19-24 s at `6a39070`); a rollout episode with its share of the update 7 s for SFT, 16-17.5 s
-    # for OPD and OPSD, ~45 s for SAGE-OPD (its judge): the forecast takes ~20 s for every algorithm
-    episode_seconds=(7.0, 20.0),
+    # the timed run at `7ccf296` (two workers, the machine otherwise idle, 114 min in all): an evaluation game 3.8 s
+    # on average (1.9 s with the plan in the prompt, 4.1 s for a student that plays most of its 20 turns); a
+    # rollout episode with its share of the update 12.3 s for OPD (OPSD 12.2), SFT 3.2, GRPO 8.0 (no teacher),
+    # SAGE-OPD 23.5 (its judge)
+    episode_seconds=(3.8, 12.3),
+    rollout_seconds={"sft": 3.2, "grpo": 8.0, "sage_opd": 23.5},
     env_args=alfworld_env_args,
     overrides=("model.autocast=bfloat16", "model.max_seq_len=2048", "train.micro_batch_size=2"),
 )
