@@ -98,7 +98,8 @@ def reference_model(out: Path, name: str, settings: Any) -> Path:
         model = cached_base_model(teacher if name == "teacher" else student)
         if model is None:
             raise RecordError(f"the bench's base {name} model is not in the cache any more: rerun the bench "
-                              "(it rebuilds the base pair, the same weights) before importing")
+                              "(it rebuilds the base pair; a rebuild at another code revision may end at other "
+                              "weights, and the records then state their hash) before importing")
         return model
     return final_model_dir(out / ("teacher" if name == "teacher" else "warm_start"))
 
