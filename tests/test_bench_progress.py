@@ -1,5 +1,7 @@
 """The bench's progress bar weighs each job by its forecast, so its percentage and time left follow the work."""
 
+import pytest
+
 from evaluation.bench.jobs import ReferenceJob, RunJob, _job_forecast
 from evaluation.bench.settings import BenchSettings, estimate_seconds, job_costs
 
@@ -38,7 +40,7 @@ def test_a_track_forecasts_each_algorithm_at_its_own_training_cost():
         assert _job_forecast(sage, settings, costs)[0] == settings.budget * 40.0
         both = estimate_seconds(settings, ["opd", "sage_opd"], 3, warm=True, teacher=True, workers=1)
         alone = estimate_seconds(settings, ["opd"], 3, warm=True, teacher=True, workers=1)
-        assert both - alone == settings.budget * 40.0 + costs.run_eval
+        assert both - alone == pytest.approx(settings.budget * 40.0 + costs.run_eval)
     finally:
         TRACKS.pop(track.name)
 

@@ -353,3 +353,23 @@ def test_a_turns_claim_with_one_seed_per_method_says_it_needs_seeds_not_that_it_
     assert "| one seed per method: no interval | needs 2+ seeds |" in format_claims([row])
     summary["rows"] = summary["rows"][:1]  # OPD did not run
     assert next(r for r in check_claims(summary, [], env_id="e") if r["measure"] == "turns")["verdict"] == "missing"
+
+
+def test_a_pair_with_other_weights_than_the_published_rows_is_named_on_the_first_lines(tmp_path):
+    """A pair rebuilt at another code revision can end at other weights under the same cache key: the bench says
+    so for each model whose weight files do not hash as the published rows' starting model did."""
+    import dataclasses
+
+    from agentgym_opd.run_provenance import weights_files_sha256
+    from evaluation.bench.tracks import SMOLLM2_ALFWORLD, pair_differences
+
+    same, other = tmp_path / "same", tmp_path / "other"
+    for folder, body in ((same, b"published"), (other, b"rebuilt")):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(body)
+    track = dataclasses.replace(SMOLLM2_ALFWORLD, published_weights={
+        "warm_start": weights_files_sha256(same), "teacher": weights_files_sha256(same)})
+    assert pair_differences(track, {"warm_start": same, "teacher": same}) == []
+    lines = pair_differences(track, {"warm_start": same, "teacher": other})
+    assert len(lines) == 1 and "teacher" in lines[0] and str(other) in lines[0]
+    assert pair_differences(dataclasses.replace(track, published_weights={}), {"teacher": other}) == []

@@ -109,6 +109,11 @@ def run_bench(settings: BenchSettings, *, log: Callable[[str], None] | None = No
     if base:
         log(f"base models ready in {base_build_s / 60:.1f} min (a one-time build when not cached; the bench's "
             "wall time below leaves it out): " + ", ".join(f"{name} {path}" for name, path in trained.items()))
+        if settings.track:
+            from evaluation.bench.tracks import get_track, pair_differences
+
+            for line in pair_differences(get_track(settings.track), trained):
+                log(line)
     from evaluation.bench.base_models import base_label
 
     student_path, student_label = settings.student, base_name

@@ -40,9 +40,13 @@ class Track:
     default_algos: tuple[str, ...]
     # (evaluation episode, rollout episode incl. its share of the update) in seconds of one core: the forecast
     episode_seconds: tuple[float, float] = (10.0, 20.0)
-    rollout_seconds: dict[str, float] = field(default_factory=dict)  # per algorithm, where it differs from the above
     env_args: Any = None  # callable (track) -> training env options, made when the settings are
     overrides: tuple[str, ...] = field(default_factory=tuple)  # config overrides of every run
+    # rollout episode seconds per algorithm, where it differs from ``episode_seconds[1]``
+    rollout_seconds: dict[str, float] = field(default_factory=dict)
+    # "warm_start" / "teacher" -> sha256 of the weight files (`weights_files_sha256`) of the pair the published
+    # rows started from: a pair rebuilt at another code revision can end at other weights under the same cache key
+    published_weights: dict[str, str] = field(default_factory=dict)
 
 
 def alfworld_env_args(track: Track) -> dict[str, Any]:
@@ -70,6 +74,8 @@ SMOLLM2_ALFWORLD = Track(
     rollout_seconds={"sft": 3.2, "grpo": 8.0, "sage_opd": 23.5},
     env_args=alfworld_env_args,
     overrides=("model.autocast=bfloat16", "model.max_seq_len=2048", "train.micro_batch_size=2"),
+    published_weights={"warm_start": "0848e25a47b1ce25ee58fc6629d7c1a1489bcecdb0dc140b1218418b30bc61df",
+                       "teacher": "bbdc374ec2879d0a7759beae76aa3fb14ad1d206bf4e3dd3c2afa28c06ca5f0c"},
 )
 
 TRACKS: dict[str, Track] = {SMOLLM2_ALFWORLD.name: SMOLLM2_ALFWORLD}
@@ -104,6 +110,23 @@ def track_settings(name: str, *, quick: bool = False, **changes: Any) -> Any:
     if settings.env_args is None and track.env_args is not None:
         settings.env_args = track.env_args(track)
     return settings
+
+
+def pair_differences(track: Track, models: dict[str, Any]) -> list[str]:
+    """A warning per model of ``models`` (role -> model folder) whose weights are not those the track's published
+    rows started from: this folder's rows then compare with each other, not with the leaderboard's."""
+    from agentgym_opd.run_provenance import weights_files_sha256
+
+    lines = []
+    for role, folder in models.items():
+        expected = track.published_weights.get(role)
+        here = weights_files_sha256(folder) if expected else None
+        if expected and here != expected:
+            lines.append(f"warning: this {role} ({folder}) has other weights than the one the published "
+                         f"{track.name} rows started from (sha256 {str(here)[:12]}, published {expected[:12]}; a build "
+                         "at another code revision can end elsewhere): compare rows within this output folder, "
+                         "not with the leaderboard's")
+    return lines
 
 
 def register_track(track: Track) -> Track:
